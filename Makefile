@@ -1,0 +1,42 @@
+# `make run` and `make test` set themselves up on a fresh machine (idempotent:
+# the venv is rebuilt only when pyproject.toml changes).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTHON ?= python3
+
+.PHONY: setup run demo test lint typecheck imports unit bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	@$(VENV)/bin/mlwe demo
+
+demo: run
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+imports: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest
+
+test: lint typecheck imports unit
+
+bench: $(STAMP)
+	$(VENV)/bin/mlwe bench core --nodes 5000 --pending 10000 --json
+	$(VENV)/bin/mlwe bench core --nodes 5000 --running 20000 --json
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build src/*.egg-info

@@ -1,0 +1,29 @@
+"""Building a control plane from a cluster spec (nodes and queues)."""
+
+from __future__ import annotations
+
+from mlwe.core.actions import AddNode, SetQueue
+from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
+from mlwe.core.clock import Clock
+from mlwe.core.controlplane import ControlPlane
+from mlwe.core.spec import ClusterSpec
+
+
+def build_control_plane(
+    cluster: ClusterSpec,
+    clock: Clock,
+    *,
+    catalog: GpuCatalog = DEFAULT_CATALOG,
+    check_invariants: bool = True,
+) -> ControlPlane:
+    """A control plane holding ``cluster``'s nodes and queues, every one added through ``apply``."""
+    cp = ControlPlane(clock, catalog=catalog, check_invariants=check_invariants)
+    for node in cluster.all_nodes():
+        result = cp.apply([AddNode(node)], cause_id="cluster-spec")
+        if not result.accepted:
+            raise ValueError("; ".join(result.reasons()))
+    if cluster.queues:
+        result = cp.apply([SetQueue(q) for q in cluster.queues], cause_id="cluster-spec")
+        if not result.accepted:
+            raise ValueError("; ".join(result.reasons()))
+    return cp

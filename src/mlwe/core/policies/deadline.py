@@ -1,0 +1,205 @@
+"""Projection of start times, for deadline admission and backfill reservations.
+
+``project_start`` plays the near future forward on a capacity fork: holders
+release at their estimated ends, and the workloads ahead in the queue are
+placed in order as room appears (no backfill, so the answer is conservative).
+Work with no estimate is assumed to run ``default_estimate_s`` and the answer
+says so. This is an estimate from what users declared, never from the true
+durations a simulator knows.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mlwe.core.capacity import CapacityIndex, ReplicaAlloc
+from mlwe.core.controlplane import ControlPlane
+from mlwe.core.lifecycle import State
+from mlwe.core.model import Workload, shape_of
+from mlwe.core.policies.placement import BestFit, PlacementPolicy
+from mlwe.core.resources import format_duration
+from mlwe.core.rules import preemptible
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    start: float  # INF: never, with what is known
+    allocs: tuple[ReplicaAlloc, ...]
+    assumed: int  # how many estimates were assumed (no user estimate given)
+
+
+def accepted_models(cp: ControlPlane, w: Workload) -> tuple[str, ...]:
+    """GPU models ``w`` accepts that exist in the cluster, least valuable adequate first."""
+    if not w.spec.resources.gpu:
+        return ()
+    present = cp.capacity.models()
+    names = w.spec.gpu_models or tuple(present)
+    ok = [
+        m
+        for m in names
+        if m in present and cp.catalog[m].vram_mib >= w.spec.min_vram_per_gpu
+    ]
+    return tuple(sorted(ok, key=lambda m: (cp.catalog[m].rank, m)))
+
+
+def project_start(
+    cp: ControlPlane,
+    target: Workload,
+    ahead: Sequence[Workload] = (),
+    *,
+    fork: CapacityIndex | None = None,
+    default_estimate_s: float = 3600.0,
+    preemptible_below: int | None = None,
+    grace_s: float = 30.0,
+    placement: PlacementPolicy | None = None,
+    max_steps: int = 10_000,
+) -> Projection:
+    """When ``target`` could start if ``ahead`` go first, in order.
+
+    ``preemptible_below``: holders under this priority (and preemptible) are
+    treated as evicted after ``grace_s`` (what the default policy would do).
+    """
+    now = cp.now()
+    f = (fork or cp.capacity).fork()
+    place = placement or BestFit()
+    assumed = 0
+    heap: list[tuple[float, int, tuple[ReplicaAlloc, ...]]] = []
+    seq = 0
+    for wid in _holders(cp):
+        h = cp.workloads[wid]
+        if (
+            preemptible_below is not None
+            and h.priority < preemptible_below
+            and h.state is not State.PREEMPTING
+            and preemptible(h, now) is None
+        ):
+            end = now + grace_s
+        elif h.state in (State.PREEMPTING, State.STOPPING):
+            end = now + grace_s
+        else:
+            rem = h.remaining_estimate(now)
+            if rem is None:
+                rem = max(0.0, default_estimate_s - h.runtime(now))
+                assumed += 1
+            end = now + rem
+        seq += 1
+        heap.append((end, seq, h.placement))
+    heapq.heapify(heap)
+    order = [*ahead, target]
+    t = now
+    steps = 0
+    while True:
+        while order:
+            w = order[0]
+            allocs = place.place(f, shape_of(w.spec, accepted_models(cp, w)), w.spec.replicas)
+            if allocs is None:
+                break
+            order.pop(0)
+            if w is target:
+                return Projection(t, allocs, assumed)
+            rem = w.remaining_estimate(t)
+            if rem is None:
+                rem = default_estimate_s
+                assumed += 1
+            seq += 1
+            heapq.heappush(heap, (t + rem + w.spec.restart_cost, seq, allocs))
+        if not heap or steps >= max_steps:
+            return Projection(INF, (), assumed)
+        t, _, allocs = heapq.heappop(heap)
+        for a in allocs:
+            f.release(a)
+        while heap and heap[0][0] <= t:  # everything ending at the same moment
+            for a in heapq.heappop(heap)[2]:
+                f.release(a)
+        steps += 1
+
+
+def _holders(cp: ControlPlane) -> list[str]:
+    seen: dict[str, None] = {}
+    for ids in cp.on_node.values():
+        for wid in ids:
+            seen[wid] = None
+    return list(seen)
+
+
+class DeadlineStatus(enum.StrEnum):
+    FEASIBLE = "feasible"
+    AT_RISK = "at-risk"
+    INFEASIBLE = "infeasible"
+    NO_DEADLINE = "no-deadline"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineVerdict:
+    status: DeadlineStatus
+    earliest_start: float
+    earliest_completion: float
+    deadline: float | None
+    reason: str
+
+
+def deadline_admission(
+    cp: ControlPlane,
+    w: Workload,
+    ahead: Sequence[Workload] = (),
+    *,
+    margin: float = 0.1,
+    default_estimate_s: float = 3600.0,
+    grace_s: float = 30.0,
+) -> DeadlineVerdict:
+    """Whether ``w``'s deadline is still reachable, given what runs and what is queued.
+
+    Feasible: projected completion leaves at least ``margin`` of the estimate
+    as slack. At risk: it makes the deadline with less slack than that, or the
+    projection had to assume durations nobody declared. Infeasible: projected
+    completion is after the deadline, or there is no room for it at all.
+    """
+    now = cp.now()
+    if w.deadline is None:
+        return DeadlineVerdict(DeadlineStatus.NO_DEADLINE, now, now, None, "no deadline given")
+    rem = w.remaining_estimate(now)
+    if rem is None:
+        return DeadlineVerdict(
+            DeadlineStatus.AT_RISK, now, INF, w.deadline,
+            "no estimated_duration: completion cannot be projected",
+        )
+    if now + rem > w.deadline:
+        return DeadlineVerdict(
+            DeadlineStatus.INFEASIBLE, now, now + rem, w.deadline,
+            f"needs {format_duration(rem)} but only {format_duration(w.deadline - now)} remain"
+            " even on an empty cluster",
+        )
+    ahead_strong = [a for a in ahead if a.priority >= w.priority and a.id != w.id]
+    proj = project_start(
+        cp, w, ahead_strong[:200], default_estimate_s=default_estimate_s,
+        preemptible_below=w.priority, grace_s=grace_s,
+    )
+    if proj.start == INF:
+        return DeadlineVerdict(
+            DeadlineStatus.INFEASIBLE, INF, INF, w.deadline,
+            "no node in the cluster can hold it, even when everything ahead has finished",
+        )
+    restart = w.spec.restart_cost if w.work_done > 0 else 0.0
+    done = proj.start + restart + rem
+    slack = w.deadline - done
+    where = ", ".join(sorted({a.node for a in proj.allocs}))
+    base = (
+        f"earliest start in {format_duration(proj.start - now)} on {where}, completion in"
+        f" {format_duration(done - now)}, deadline in {format_duration(w.deadline - now)}"
+    )
+    if proj.assumed:
+        base += f" (assumed {default_estimate_s:.0f}s for {proj.assumed} workloads without estimates)"
+    if slack < 0:
+        return DeadlineVerdict(DeadlineStatus.INFEASIBLE, proj.start, done, w.deadline,
+                               f"misses by {format_duration(-slack)}: {base}")
+    if slack < margin * rem or proj.assumed:
+        return DeadlineVerdict(DeadlineStatus.AT_RISK, proj.start, done, w.deadline,
+                               f"slack {format_duration(slack)}: {base}")
+    return DeadlineVerdict(DeadlineStatus.FEASIBLE, proj.start, done, w.deadline,
+                           f"slack {format_duration(slack)}: {base}")

@@ -1,0 +1,273 @@
+"""Victim selection: whom to evict so that a more urgent workload fits.
+
+Semantics (DESIGN.md): only a strictly higher priority preempts (or a queue
+reclaiming nominal quota it lent to its cohort); a victim is chosen only if
+evicting it frees what the preemptor needs on a node where the preemptor
+then fits; protected workloads and those under their minimum runtime or
+minimum progress are never victims; among valid victim sets the cheapest is
+chosen, and the set is minimal (no victim can be dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from mlwe.core.actions import PreemptReason
+from mlwe.core.capacity import CapacityIndex, ReplicaAlloc, Shape
+from mlwe.core.controlplane import ControlPlane
+from mlwe.core.lifecycle import State
+from mlwe.core.model import Workload
+from mlwe.core.resources import format_duration
+from mlwe.core.rules import preemptible
+from mlwe.core.spec import NodeStatus
+
+#: A CPU-only victim's cores are weighed as GPUs at this rate (8 cores ~ 1 GPU).
+CORES_PER_GPU_EQUIVALENT = 8.0
+_EVICTABLE = (State.ADMITTED, State.STARTING, State.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class VictimChoice:
+    victims: tuple[tuple[Workload, PreemptReason], ...]
+    allocs: tuple[ReplicaAlloc, ...]  # where the preemptor goes once the victims are gone
+    cost: float  # GPU-seconds: lost work + restart, plus gang penalties
+    nodes_examined: int
+    feasible_nodes: int
+    alternatives: tuple[str, ...] = ()  # the next-cheapest candidate sets, described
+    reasons: tuple[str, ...] = field(default=())
+
+
+class PreemptionPolicy(Protocol):
+    name: str
+
+    def select(
+        self, cp: ControlPlane, fork: CapacityIndex, p: Workload, shape: Shape, taken: set[str]
+    ) -> VictimChoice | None: ...
+
+
+def victim_cost(v: Workload, now: float, gang_penalty: float) -> float:
+    """GPU-seconds lost by evicting ``v`` now: work since its last checkpoint plus
+    its restart cost, on all its GPUs, plus a penalty if it is a gang."""
+    gpus = v.gpus()
+    if gpus == 0:
+        gpus = v.spec.resources.cpu * v.spec.replicas / 1000 / CORES_PER_GPU_EQUIVALENT
+    lost = v.work_at_risk(now) + v.spec.restart_cost
+    return gpus * lost + (gang_penalty if v.spec.replicas > 1 else 0.0)
+
+
+@dataclass(slots=True)
+class _Candidate:
+    node: str
+    victims: list[tuple[float, Workload, PreemptReason]]
+    alloc: ReplicaAlloc
+    cost: float
+    rank: int
+
+    def key(self) -> tuple[float, int, int, int]:
+        top = max(v.priority for _, v, _ in self.victims)
+        return (round(self.cost, 6), top, len(self.victims), self.rank)
+
+
+class CheapestVictims:
+    """Cheapest minimal victim set per replica, over a bounded set of candidate nodes.
+
+    Nodes are examined from a rotating start until ``max_candidates`` nodes on
+    which the preemptor would fit have been found (or ``max_scan`` examined),
+    as kube-scheduler's DefaultPreemption bounds its dry runs; the cheapest of
+    those wins. On each node, victims are added cheapest first until the
+    preemptor fits, then any victim whose return still leaves room is dropped,
+    so the set is minimal.
+    """
+
+    name = "cheapest-victims"
+
+    def __init__(
+        self,
+        max_candidates: int = 16,
+        max_scan: int = 1024,
+        gang_penalty_gpu_s: float = 3600.0,
+    ) -> None:
+        self.max_candidates = max_candidates
+        self.max_scan = max_scan
+        self.gang_penalty = gang_penalty_gpu_s
+        self._cursor = 0
+
+    def select(
+        self, cp: ControlPlane, fork: CapacityIndex, p: Workload, shape: Shape, taken: set[str]
+    ) -> VictimChoice | None:
+        now = cp.now()
+        qp = cp.queues[p.queue]
+        after = [u + r for u, r in zip(qp.usage, p.request().as_tuple())]
+        reclaim_ok = qp.cohort is not None and all(
+            a <= n for a, n in zip(after, qp.nominal.as_tuple())
+        )
+
+        def eligible(v: Workload) -> PreemptReason | None:
+            if v.id in taken or v.state not in _EVICTABLE or preemptible(v, now) is not None:
+                return None
+            if v.priority < p.priority:
+                return PreemptReason.PRIORITY
+            if reclaim_ok:
+                qv = cp.queues[v.queue]
+                if qv.cohort == qp.cohort and qv.name != qp.name and qv.over_nominal():
+                    return PreemptReason.RECLAIM
+            return None
+
+        if shape.gpu:
+            nodes = [n for m in shape.models for n in fork.nodes_of_model(m)]
+        else:
+            nodes = [*fork.nodes_of_model(None)]
+            for m in fork.models():
+                nodes += fork.nodes_of_model(m)
+        if not nodes:
+            return None
+        f = fork.fork()
+        chosen: dict[str, tuple[Workload, PreemptReason]] = {}
+        allocs: list[ReplicaAlloc] = []
+        total_cost = 0.0
+        examined = feasible_total = 0
+        alternatives: list[str] = []
+        for _ in range(p.spec.replicas):
+            free_alloc = _first_fit(f, shape)
+            if free_alloc is not None:
+                f.allocate(free_alloc)
+                allocs.append(free_alloc)
+                continue
+            best: _Candidate | None = None
+            found: list[_Candidate] = []
+            start = self._cursor % len(nodes)
+            scanned = 0
+            for i in range(len(nodes)):
+                node = nodes[(start + i) % len(nodes)]
+                scanned += 1
+                if f.status(node) is NodeStatus.READY:
+                    vs = []
+                    for wid in cp.on_node.get(node, ()):
+                        if wid in chosen:
+                            continue
+                        v = cp.workloads[wid]
+                        why = eligible(v)
+                        if why is not None:
+                            vs.append((victim_cost(v, now, self.gang_penalty), v, why))
+                    if vs:
+                        cand = self._try_node(f, node, shape, vs, i)
+                        if cand is not None:
+                            found.append(cand)
+                            if best is None or cand.key() < best.key():
+                                best = cand
+                            if len(found) >= self.max_candidates:
+                                break
+                if scanned >= self.max_scan:
+                    break
+            self._cursor += scanned
+            examined += scanned
+            feasible_total += len(found)
+            if best is None:
+                return None
+            for c in sorted(found, key=_Candidate.key):
+                if c is not best and len(alternatives) < 3:
+                    alternatives.append(
+                        f"{c.node}: {c.cost / 60:.0f} GPU-min"
+                        f" ({', '.join(v.id for _, v, _ in c.victims)})"
+                    )
+            for _, v, why in best.victims:
+                chosen[v.id] = (v, why)
+                for a in v.placement:  # a gang victim frees every replica
+                    f.release(a)
+            f.allocate(best.alloc)
+            allocs.append(best.alloc)
+            total_cost += best.cost
+        if not chosen:
+            return None  # everything fits without evicting anyone
+        return VictimChoice(
+            victims=tuple(chosen.values()),
+            allocs=tuple(allocs),
+            cost=total_cost,
+            nodes_examined=examined,
+            feasible_nodes=feasible_total,
+            alternatives=tuple(alternatives),
+        )
+
+    def _try_node(
+        self,
+        f: CapacityIndex,
+        node: str,
+        shape: Shape,
+        vs: list[tuple[float, Workload, PreemptReason]],
+        rank: int,
+    ) -> _Candidate | None:
+        # cheap bound first: even evicting every eligible victim must free enough
+        free = f.free(node)
+        gpu = free.gpu + sum(a.res.gpu for _, v, _ in vs for a in v.placement if a.node == node)
+        cpu = free.cpu + sum(a.res.cpu for _, v, _ in vs for a in v.placement if a.node == node)
+        ram = free.ram + sum(a.res.ram for _, v, _ in vs for a in v.placement if a.node == node)
+        if gpu < shape.gpu or cpu < shape.cpu or ram < shape.ram:
+            return None
+        vs.sort(key=lambda t: (t[0], t[1].priority, t[1].seq))
+        released: list[tuple[float, Workload, PreemptReason]] = []
+        fit = None
+        for item in vs:
+            for a in item[1].placement:
+                if a.node == node:
+                    f.release(a)
+            released.append(item)
+            fit = f.fit_on(node, shape)
+            if fit is not None:
+                break
+        if fit is not None:
+            # minimality: give back any victim the preemptor does not need
+            for item in sorted(released, key=lambda t: (-t[0], -t[1].seq)):
+                mine = [a for a in item[1].placement if a.node == node]
+                for a in mine:
+                    f.allocate(a)
+                if f.fit_on(node, shape) is not None:
+                    released.remove(item)
+                else:
+                    for a in mine:
+                        f.release(a)
+            fit = f.fit_on(node, shape)
+        for item in released:  # leave the fork as it was
+            for a in item[1].placement:
+                if a.node == node:
+                    f.allocate(a)
+        if fit is None or not released:
+            return None
+        return _Candidate(node, released, fit, sum(c for c, _, _ in released), rank)
+
+
+def _first_fit(f: CapacityIndex, shape: Shape) -> ReplicaAlloc | None:
+    return f.find(shape)
+
+
+def describe_choice(p: Workload, choice: VictimChoice, cp: ControlPlane) -> list[str]:
+    """Readable reasons, one per victim, in the decision log's words."""
+    now = cp.now()
+    out = []
+    nodes = sorted({a.node for a in choice.allocs})
+    model = cp.capacity.info(choice.allocs[0].node).gpu_model if choice.allocs else None
+    need = p.spec.resources.gpu * p.spec.replicas / 1000
+    what = f"{need:g} x {model}" if p.spec.resources.gpu and model else "cpu/memory"
+    dl = ""
+    if p.deadline is not None:
+        dl = f", deadline in {format_duration(p.deadline - now)}"
+    for v, why in choice.victims:
+        lost = v.gpus() * v.work_at_risk(now) / 60
+        where = ",".join(sorted({a.node for a in v.placement}))
+        rule = (
+            f"priority {v.priority} < {p.priority}"
+            if why is PreemptReason.PRIORITY
+            else f"queue {v.queue} borrows quota that {p.queue} reclaims"
+        )
+        out.append(
+            f"preempt {v.id} (priority {v.priority}) on {where} to free {what} for {p.id}"
+            f" (priority {p.priority}{dl}); {rule}; lost work {lost:.0f} GPU-min since last"
+            " checkpoint"
+        )
+    alt = "; ".join(choice.alternatives) if choice.alternatives else "none found"
+    out.append(
+        f"set cost {choice.cost / 60:.0f} GPU-min on {', '.join(nodes)}; examined"
+        f" {choice.nodes_examined} nodes, {choice.feasible_nodes} feasible; cheaper than"
+        f" alternatives [{alt}]"
+    )
+    return out

@@ -1,0 +1,294 @@
+"""One scheduling cycle: order the queue, place, preempt, backfill; return a plan.
+
+The scheduler only reads the control plane. It decides on a capacity fork
+(never on the live index) and returns a :class:`Plan`: typed actions plus the
+decision records that explain them. ``run_cycle`` hands the plan to
+``ControlPlane.apply``, which verifies it again and applies it as one unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mlwe.core.actions import Action, Place, Preempt
+from mlwe.core.capacity import FULL, ReplicaAlloc, Shape
+from mlwe.core.controlplane import ApplyResult, ControlPlane
+from mlwe.core.decisions import DecisionRecord, digest
+from mlwe.core.lifecycle import State
+from mlwe.core.model import Workload, shape_of
+from mlwe.core.policies.deadline import (
+    INF,
+    DeadlineVerdict,
+    accepted_models,
+    deadline_admission,
+    project_start,
+)
+from mlwe.core.policies.ordering import OrderingPolicy, PriorityDeadlineFairShare, slack
+from mlwe.core.policies.placement import BestFit, PlacementPolicy
+from mlwe.core.policies.preemption import CheapestVictims, PreemptionPolicy, describe_choice
+from mlwe.core.resources import format_duration, format_gpu
+from mlwe.core.rules import quota_verdict
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    preemption: bool = True
+    #: EASY backfill: the first blocked workload gets a reservation; later ones
+    #: may start ahead of it only if they do not delay that reservation.
+    backfill: bool = True
+    #: Stop at the first workload that cannot be placed (strict FIFO semantics).
+    strict_order: bool = False
+    #: Assumed run time of work that declared none, in projections only.
+    default_estimate_s: float = 3600.0
+
+
+@dataclass(slots=True)
+class Reservation:
+    workload: str
+    start: float
+    nodes: frozenset[str]
+
+
+@dataclass(slots=True)
+class Plan:
+    version: int
+    actions: list[Action] = field(default_factory=list)
+    decisions: list[DecisionRecord] = field(default_factory=list)
+    pending: dict[str, str] = field(default_factory=dict)
+    reservation: Reservation | None = None
+    considered: int = 0
+
+
+def _shape_text(shape: Shape, replicas: int, model: str | None) -> str:
+    parts = []
+    if shape.gpu:
+        parts.append(f"{format_gpu(shape.gpu)} x {model or 'GPU'}")
+    parts.append(f"{shape.cpu / 1000:g} cpu")
+    parts.append(f"{shape.ram // 1024} GiB")
+    text = ", ".join(parts)
+    return f"{replicas} x [{text}]" if replicas > 1 else text
+
+
+class Scheduler:
+    """Composes an ordering, a placement and a preemption policy into cycles."""
+
+    def __init__(
+        self,
+        ordering: OrderingPolicy | None = None,
+        placement: PlacementPolicy | None = None,
+        preemption: PreemptionPolicy | None = None,
+        config: SchedulerConfig | None = None,
+        name: str = "mlwe-default",
+    ) -> None:
+        self.ordering = ordering or PriorityDeadlineFairShare()
+        self.placement = placement or BestFit()
+        self.preemption = preemption or CheapestVictims()
+        self.config = config or SchedulerConfig()
+        self.name = name
+        self._models: dict[tuple[tuple[str, ...], int, int], tuple[str, ...]] = {}
+        self._total_gpu: tuple[int, int] = (-1, 0)
+
+    # ------------------------------------------------------------------ helpers
+    def models_for(self, cp: ControlPlane, w: Workload) -> tuple[str, ...]:
+        key = (w.spec.gpu_models, w.spec.min_vram_per_gpu, len(cp.on_node))
+        got = self._models.get(key)
+        if got is None:
+            got = self._models[key] = accepted_models(cp, w)
+        return got
+
+    def total_gpu(self, cp: ControlPlane) -> int:
+        n = len(cp.on_node)
+        if self._total_gpu[0] != n:
+            self._total_gpu = (n, sum(i.capacity.gpu for i in cp.capacity.nodes()) // FULL)
+        return self._total_gpu[1]
+
+    def ordered(self, cp: ControlPlane) -> list[Workload]:
+        return self.ordering.order(cp.queued_workloads(), cp.queues, self.total_gpu(cp), cp.now())
+
+    def admission(self, cp: ControlPlane, w: Workload) -> DeadlineVerdict:
+        """Deadline admission for a queued (or just submitted) workload."""
+        order = self.ordered(cp)
+        ahead: list[Workload] = []
+        for other in order:
+            if other.id == w.id:
+                break
+            ahead.append(other)
+        return deadline_admission(cp, w, ahead, default_estimate_s=self.config.default_estimate_s)
+
+    # --------------------------------------------------------------------- plan
+    def plan(self, cp: ControlPlane, cause_id: str | None = None) -> Plan:
+        plan = Plan(version=cp.version)
+        queued = cp.queued_workloads()
+        if not queued:
+            return plan
+        now = cp.now()
+        cfg = self.config
+        order = self.ordering.order(queued, cp.queues, self.total_gpu(cp), now)
+        fork = cp.capacity.fork()
+        usage = {n: list(q.usage) for n, q in cp.queues.items()}
+        failed: set[tuple[Shape, int, bool]] = set()
+        taken: set[str] = set()
+        reservation: Reservation | None = None
+        n = len(order)
+        for rank, w in enumerate(order):
+            plan.considered += 1
+            if w.victims:
+                live = [v for v in w.victims if cp.workloads[v].state is State.PREEMPTING]
+                if live:
+                    plan.pending[w.id] = f"waiting for {len(live)} victim(s) to release: {', '.join(live)}"
+                    continue
+            models = self.models_for(cp, w)
+            if w.spec.resources.gpu and not models:
+                plan.pending[w.id] = "no node in the cluster has a GPU model it accepts"
+                continue
+            shape = shape_of(w.spec, models)
+            replicas = w.spec.replicas
+            exclude: frozenset[str] = frozenset()
+            if reservation is not None:
+                rem = w.remaining_estimate(now)
+                if rem is None or now + rem > reservation.start:
+                    exclude = reservation.nodes
+            key = (shape, replicas, bool(exclude))
+            allocs = None
+            if key not in failed:
+                allocs = self.placement.place(fork, shape, replicas, exclude)
+                if allocs is None:
+                    failed.add(key)
+            if allocs is not None:
+                req = _sum(allocs)
+                qreasons, borrowing = quota_verdict(cp.queues, usage, w.queue, req)
+                if qreasons:
+                    for a in reversed(allocs):
+                        fork.release(a)
+                    plan.pending[w.id] = qreasons[0]
+                    continue
+                for i in range(4):
+                    usage[w.queue][i] += req[i]
+                plan.actions.append(Place(w.id, allocs))
+                plan.decisions.append(
+                    self._place_record(cp, w, shape, allocs, rank, n, now, borrowing, reservation, cause_id)
+                )
+                continue
+            # it does not fit now: preempt, or wait (and maybe hold a reservation)
+            if cfg.preemption:
+                choice = self.preemption.select(cp, fork, w, shape, taken)
+                if choice is not None:
+                    qreasons, _ = quota_verdict(cp.queues, usage, w.queue, _sum(choice.allocs))
+                    reclaim = any(why.value == "reclaim" for _, why in choice.victims)
+                    if not qreasons or reclaim:
+                        for v, why in choice.victims:
+                            plan.actions.append(Preempt(v.id, w.id, why))
+                            taken.add(v.id)
+                        plan.decisions.append(
+                            DecisionRecord(
+                                kind="preempt",
+                                workload=w.id,
+                                policy=f"{self.name}/{self.preemption.name}",
+                                chosen="evict " + ", ".join(v.id for v, _ in choice.victims),
+                                reasons=tuple(describe_choice(w, choice, cp)),
+                                candidates=choice.alternatives,
+                                inputs_digest=digest(cp.version, w.id, shape, sorted(taken)),
+                                cause_id=cause_id,
+                            )
+                        )
+                        plan.pending[w.id] = (
+                            f"preempting {len(choice.victims)} workload(s); placed once released"
+                        )
+                        continue
+            plan.pending[w.id] = self._why_waiting(w, shape, models, exclude, reservation)
+            if cfg.strict_order:
+                for rest in order[rank + 1 :]:
+                    plan.pending[rest.id] = f"strict order: waits behind {w.id}"
+                break
+            if cfg.backfill and reservation is None:
+                proj = project_start(
+                    cp, w, fork=fork, default_estimate_s=cfg.default_estimate_s,
+                    placement=self.placement,
+                )
+                if proj.start < INF:
+                    reservation = Reservation(w.id, proj.start, frozenset(a.node for a in proj.allocs))
+                    plan.pending[w.id] += f"; holds a reservation on {', '.join(sorted(reservation.nodes))}"
+        plan.reservation = reservation
+        return plan
+
+    def _why_waiting(
+        self,
+        w: Workload,
+        shape: Shape,
+        models: Sequence[str],
+        exclude: frozenset[str],
+        reservation: Reservation | None,
+    ) -> str:
+        what = _shape_text(shape, w.spec.replicas, "/".join(models) if models else None)
+        text = f"no room for {what}"
+        if exclude and reservation is not None:
+            text += f" outside the nodes reserved for {reservation.workload}"
+        return text
+
+    def _place_record(
+        self,
+        cp: ControlPlane,
+        w: Workload,
+        shape: Shape,
+        allocs: tuple[ReplicaAlloc, ...],
+        rank: int,
+        n: int,
+        now: float,
+        borrowing: bool,
+        reservation: Reservation | None,
+        cause_id: str | None,
+    ) -> DecisionRecord:
+        nodes = list(dict.fromkeys(a.node for a in allocs))
+        model = cp.capacity.info(nodes[0]).gpu_model
+        why = [
+            f"placed {_shape_text(shape, w.spec.replicas, model)} on {', '.join(nodes[:8])}"
+            + (f" (+{len(nodes) - 8} more)" if len(nodes) > 8 else "")
+        ]
+        s = slack(w, now)
+        order_why = f"rank {rank + 1}/{n} by {self.ordering.name} (priority {w.priority}"
+        if s != INF:
+            order_why += f", slack {format_duration(s)}"
+        why.append(order_why + ")")
+        if shape.gpu:
+            left = cp.capacity.whole_free_gpus(nodes[0]) - (
+                sum(len(a.devices) for a in allocs if a.node == nodes[0]) if shape.gpu >= FULL else 0
+            )
+            why.append(f"{self.placement.name}: leaves {max(0, left)} whole GPU(s) free on {nodes[0]}")
+        if borrowing:
+            why.append(f"borrows idle quota from cohort {cp.queues[w.queue].cohort}")
+        if reservation is not None:
+            why.append(f"backfilled: does not delay {reservation.workload}'s reservation")
+        if w.attempt:
+            why.append(f"attempt {w.attempt + 1}, resumes from {w.work_done:.0f}s of saved work")
+        return DecisionRecord(
+            kind="place",
+            workload=w.id,
+            policy=f"{self.name}/{self.placement.name}",
+            chosen=",".join(nodes),
+            reasons=tuple(why),
+            candidates=tuple(cp.capacity.info(x).gpu_model or "cpu" for x in nodes[:1]),
+            inputs_digest=digest(cp.version, w.id, shape, rank),
+            cause_id=cause_id,
+        )
+
+    # -------------------------------------------------------------------- cycle
+    def run_cycle(self, cp: ControlPlane, cause_id: str | None = None) -> ApplyResult:
+        plan = self.plan(cp, cause_id)
+        result = cp.apply(
+            plan.actions, plan.version, cause_id=cause_id, decisions=plan.decisions
+        )
+        if result.accepted:
+            cp.note_pending(plan.pending, self.name, cause_id)
+        return result
+
+
+def _sum(allocs: Sequence[ReplicaAlloc]) -> list[int]:
+    out = [0, 0, 0, 0]
+    for a in allocs:
+        r = a.res
+        out[0] += r.gpu
+        out[1] += r.vram
+        out[2] += r.cpu
+        out[3] += r.ram
+    return out
