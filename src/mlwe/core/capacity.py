@@ -68,6 +68,46 @@ def _key(info: NodeInfo, free: list[int], dev: list[int]) -> tuple[str, int]:
     return (info.gpu_model, sum(1 for d in dev if d == FULL))
 
 
+def _fit(info: NodeInfo, free: list[int], dev: list[int], shape: Shape) -> ReplicaAlloc | None:
+    node = info.name
+    if shape.selector and any(info.labels.get(k) != v for k, v in shape.selector):
+        return None
+    if shape.cpu > free[2] or shape.ram > free[3]:
+        return None
+    if shape.gpu == 0:
+        return ReplicaAlloc(node, (), 0, Resources(0, 0, shape.cpu, shape.ram))
+    if info.gpu_model is None or info.gpu_model not in shape.models:
+        return None
+    if shape.gpu >= FULL:
+        g = shape.gpu // FULL
+        devices: list[int] = []
+        for i, d in enumerate(dev):
+            if d == FULL:
+                devices.append(i)
+                if len(devices) == g:
+                    break
+        if len(devices) < g:
+            return None
+        vram = shape.vram if shape.vram is not None else g * info.vram_per_gpu
+        if vram > free[1]:
+            return None
+        return ReplicaAlloc(
+            node, tuple(devices), FULL, Resources(shape.gpu, vram, shape.cpu, shape.ram)
+        )
+    # fractional: the fullest device that still fits (packs partial devices first)
+    best = -1
+    best_free = FULL + 1
+    for i, d in enumerate(dev):
+        if shape.gpu <= d < best_free:
+            best, best_free = i, d
+    if best < 0:
+        return None
+    vram = shape.vram if shape.vram is not None else shape.gpu * info.vram_per_gpu // FULL
+    if vram > free[1]:
+        return None
+    return ReplicaAlloc(node, (best,), shape.gpu, Resources(shape.gpu, vram, shape.cpu, shape.ram))
+
+
 class CapacityIndex:
     """Free capacity of every node, with the search indexes kept up to date."""
 
@@ -277,46 +317,27 @@ class CapacityIndex:
     # ------------------------------------------------------------------ search
     def fit_on(self, node: str, shape: Shape) -> ReplicaAlloc | None:
         """The allocation ``shape`` would get on ``node`` now, or None if it does not fit."""
-        info = self._info[node]
         if self._status[node] is not NodeStatus.READY:
             return None
-        if shape.selector and any(info.labels.get(k) != v for k, v in shape.selector):
+        return _fit(self._info[node], self._free[node], self._dev[node], shape)
+
+    def fit_after_release(
+        self, node: str, shape: Shape, released: list[ReplicaAlloc]
+    ) -> ReplicaAlloc | None:
+        """What ``fit_on`` would answer if ``released`` were given back first (changes nothing)."""
+        if self._status[node] is not NodeStatus.READY:
             return None
-        free = self._free[node]
-        if shape.cpu > free[2] or shape.ram > free[3]:
-            return None
-        if shape.gpu == 0:
-            return ReplicaAlloc(node, (), 0, Resources(0, 0, shape.cpu, shape.ram))
-        if info.gpu_model is None or info.gpu_model not in shape.models:
-            return None
-        dev = self._dev[node]
-        if shape.gpu >= FULL:
-            g = shape.gpu // FULL
-            devices: list[int] = []
-            for i, d in enumerate(dev):
-                if d == FULL:
-                    devices.append(i)
-                    if len(devices) == g:
-                        break
-            if len(devices) < g:
-                return None
-            vram = shape.vram if shape.vram is not None else g * info.vram_per_gpu
-            if vram > free[1]:
-                return None
-            res = Resources(shape.gpu, vram, shape.cpu, shape.ram)
-            return ReplicaAlloc(node, tuple(devices), FULL, res)
-        # fractional: the fullest device that still fits (packs partial devices first)
-        best = -1
-        best_free = FULL + 1
-        for i, d in enumerate(dev):
-            if shape.gpu <= d < best_free:
-                best, best_free = i, d
-        if best < 0:
-            return None
-        vram = shape.vram if shape.vram is not None else shape.gpu * info.vram_per_gpu // FULL
-        if vram > free[1]:
-            return None
-        return ReplicaAlloc(node, (best,), shape.gpu, Resources(shape.gpu, vram, shape.cpu, shape.ram))
+        free = list(self._free[node])
+        dev = list(self._dev[node])
+        for a in released:
+            r = a.res
+            free[0] += r.gpu
+            free[1] += r.vram
+            free[2] += r.cpu
+            free[3] += r.ram
+            for d in a.devices:
+                dev[d] += a.gpu_per_device
+        return _fit(self._info[node], free, dev, shape)
 
     def candidates(self, shape: Shape, spread: bool = False) -> Iterator[str]:
         """Nodes worth trying for ``shape``, best fit first (most free first when ``spread``).
@@ -330,7 +351,9 @@ class CapacityIndex:
         if shape.gpu == 0:
             need = shape.cpu // 1000
             top = self._max_level.get("", -1)
-            levels = range(top, need - 1, -1) if spread else range(min(need, _CPU_LEVEL_CAP), top + 1)
+            levels = (
+                range(top, need - 1, -1) if spread else range(min(need, _CPU_LEVEL_CAP), top + 1)
+            )
             for lv in levels:
                 b = buckets.get(("", lv))
                 if b:

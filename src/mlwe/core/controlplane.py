@@ -117,6 +117,10 @@ class ControlPlane:
         self.queued: dict[str, None] = {}  # ids in PENDING / PREEMPTED, arrival order
         self.on_node: dict[str, dict[str, None]] = {}  # node -> ids of workloads holding there
         self.queues: dict[str, Queue] = {}
+        self.holding_by_priority: dict[int, int] = {}  # priority -> workloads holding resources
+        #: Bumped whenever any workload takes or gives back resources: projections
+        #: made at one epoch stay valid until it changes.
+        self.holding_epoch = 0
         self.decisions: list[DecisionRecord] = []
         self._sink = decision_sink
         self._decision_seq = 0
@@ -223,6 +227,15 @@ class ControlPlane:
             return ApplyResult(False, self.version, (rej,))
         if not actions:
             return ApplyResult(True, self.version)
+        if len(actions) > 1 and any(isinstance(a, AddNode) for a in actions):
+            # a node addition cannot be rolled back, so it never shares a batch
+            lone = tuple(
+                Rejection(i, "add-node", _subject(a), ("add nodes in a batch of their own",))
+                for i, a in enumerate(actions)
+                if isinstance(a, AddNode)
+            )
+            self._record_rejections(lone, cause_id)
+            return ApplyResult(False, self.version, lone)
         txn = _Txn()
         rejections: list[Rejection] = []
         for i, action in enumerate(actions):
@@ -233,7 +246,12 @@ class ControlPlane:
                 reasons = [f"malformed action: {exc}"]
             if reasons:
                 rejections.append(
-                    Rejection(i, getattr(action, "kind", type(action).__name__), _subject(action), tuple(reasons))
+                    Rejection(
+                        i,
+                        getattr(action, "kind", type(action).__name__),
+                        _subject(action),
+                        tuple(reasons),
+                    )
                 )
         if rejections:
             txn.rollback()
@@ -316,6 +334,9 @@ class ControlPlane:
 
     def _hold(self, txn: _Txn, w: Workload, allocs: tuple[ReplicaAlloc, ...]) -> None:
         q = self.queues[w.queue]
+        hp = self.holding_by_priority
+        hp[w.priority] = hp.get(w.priority, 0) + 1
+        self.holding_epoch += 1
         for a in allocs:
             self.capacity.allocate(a)
             self.on_node.setdefault(a.node, {})[w.id] = None
@@ -324,6 +345,7 @@ class ControlPlane:
         self._set(txn, w, "placement", allocs)
 
         def undo() -> None:
+            hp[w.priority] -= 1
             for a in reversed(allocs):
                 self.capacity.release(a)
                 self.on_node[a.node].pop(w.id, None)
@@ -334,6 +356,10 @@ class ControlPlane:
     def _free(self, txn: _Txn, w: Workload) -> None:
         allocs = w.placement
         q = self.queues[w.queue]
+        hp = self.holding_by_priority
+        if allocs:
+            hp[w.priority] -= 1
+            self.holding_epoch += 1
         for a in allocs:
             self.capacity.release(a)
             self.on_node[a.node].pop(w.id, None)
@@ -342,6 +368,8 @@ class ControlPlane:
         self._set(txn, w, "placement", ())
 
         def undo() -> None:
+            if allocs:
+                hp[w.priority] += 1
             for a in allocs:
                 self.capacity.allocate(a)
                 self.on_node[a.node][w.id] = None
@@ -423,7 +451,10 @@ class ControlPlane:
         if w is None:
             return reasons
         if w.state not in QUEUED:
-            return [f"{w.id} is {w.state.value}, only pending or preempted workloads are placed"]
+            return [
+                f"{w.id} is {w.state.value}, only pending or preempted workloads are placed"
+                f" ({_trail(w)})"
+            ]
         if w.victims:
             live = [v for v in w.victims if self.workloads[v].state is State.PREEMPTING]
             if live:
@@ -488,6 +519,11 @@ class ControlPlane:
                     )
                 if want.gpu < FULL and len(r.devices) != 1:
                     reasons.append(f"replica {k}: a fractional GPU lives on exactly one device")
+                if r.gpu_per_device != (FULL if want.gpu >= FULL else want.gpu):
+                    reasons.append(
+                        f"replica {k}: {r.gpu_per_device} milli per device; whole GPUs are"
+                        " whole devices, a fraction is the fraction asked"
+                    )
                 if r.res.vram > info.vram_per_gpu * len(r.devices):
                     reasons.append(f"replica {k}: VRAM larger than its devices hold")
             elif r.devices or r.res.vram:
@@ -496,15 +532,19 @@ class ControlPlane:
             return reasons
         # capacity: check replica by replica on the live index (earlier replicas of this
         # batch are already allocated, so two replicas can never share the same space)
+        probed: list[ReplicaAlloc] = []
+        problems: list[str] = []
         for k, r in enumerate(replicas):
-            problems = self.capacity.check(r)
+            problems = [f"replica {k}: {p}" for p in self.capacity.check(r)]
             if problems:
-                return [f"replica {k}: {p}" for p in problems]
+                break
             self.capacity.allocate(r)
-            txn.undo.append(lambda r=r: self.capacity.release(r))
-        # undo the probe allocations; _hold re-does them with bookkeeping
-        for _ in replicas:
-            txn.undo.pop()()
+            probed.append(r)
+        # give the probe allocations back; _hold re-does them with bookkeeping
+        for r in reversed(probed):
+            self.capacity.release(r)
+        if problems:
+            return problems
         quota_reasons, borrowing = self._quota_check(w, replicas)
         if quota_reasons:
             return quota_reasons
@@ -540,7 +580,7 @@ class ControlPlane:
         if p.state not in QUEUED:
             reasons.append(f"preemptor {p.id} is {p.state.value}, not waiting for placement")
         if v.state not in (State.ADMITTED, State.STARTING, State.RUNNING):
-            reasons.append(f"victim {v.id} is {v.state.value}, not running")
+            reasons.append(f"victim {v.id} is {v.state.value}, not running ({_trail(v)})")
         try:
             reason = PreemptReason(a.reason)
         except ValueError:
@@ -574,7 +614,9 @@ class ControlPlane:
         return []
 
     # ------------------------------------------------------------------- facts
-    def _fact(self, txn: _Txn, a: Started | Progress | Released | Exited, cause_id: str | None) -> list[str]:
+    def _fact(
+        self, txn: _Txn, a: Started | Progress | Released | Exited, cause_id: str | None
+    ) -> list[str]:
         w, reasons = self._workload(a.workload)
         if w is None:
             return reasons
@@ -588,7 +630,10 @@ class ControlPlane:
                 txn.ignored.append(f"started {w.id}: already running")
                 return []
             if w.state is not State.STARTING:
-                return [f"{w.id} is {w.state.value}; 'started' is only expected while starting"]
+                return [
+                    f"{w.id} is {w.state.value}; 'started' is only expected while starting"
+                    f" ({_trail(w)})"
+                ]
             err = self._transition(txn, w, State.RUNNING, "backend reports running", cause_id)
             if err:
                 return [err]
@@ -601,7 +646,12 @@ class ControlPlane:
                 return [f"progress {a.progress!r} outside [0, 1]"]
             if w.state not in (State.RUNNING, State.PREEMPTING):
                 return [f"{w.id} is {w.state.value}; progress is only reported while running"]
-            self._set(txn, w, "progress", max(w.progress, a.progress) if not a.checkpointed else a.progress)
+            self._set(
+                txn,
+                w,
+                "progress",
+                max(w.progress, a.progress) if not a.checkpointed else a.progress,
+            )
             if a.checkpointed:
                 self._set(txn, w, "last_checkpoint_at", now)
                 est = w.spec.estimated_duration
@@ -609,6 +659,9 @@ class ControlPlane:
                     self._set(txn, w, "work_done", a.progress * est)
             return []
         if isinstance(a, Released):
+            ckpt = a.checkpointed_progress
+            if ckpt is not None and not 0.0 <= ckpt <= 1.0:
+                return [f"checkpointed progress {ckpt!r} outside [0, 1]"]
             if w.state is State.PREEMPTING:
                 target = State.PREEMPTED
             elif w.state is State.STOPPING:
@@ -617,7 +670,10 @@ class ControlPlane:
                 txn.ignored.append(f"released {w.id}: already released")
                 return []
             else:
-                return [f"{w.id} is {w.state.value}; release is only confirmed after a stop request"]
+                return [
+                    f"{w.id} is {w.state.value}; release is only confirmed after a stop request"
+                    f" ({_trail(w)})"
+                ]
             self._account_lost_work(txn, w, now, a.checkpointed_progress)
             err = self._transition(txn, w, target, "backend confirmed release", cause_id)
             if err:
@@ -630,7 +686,7 @@ class ControlPlane:
             txn.ignored.append(f"exited {w.id}: already {w.state.value}")
             return []
         if w.state not in HOLDING:
-            return [f"{w.id} is {w.state.value}; it has no process to exit"]
+            return [f"{w.id} is {w.state.value}; it has no process to exit ({_trail(w)})"]
         if not isinstance(a.exit_code, int):
             return [f"exit code {a.exit_code!r} is not an integer"]
         if w.state is State.STOPPING:
@@ -638,7 +694,10 @@ class ControlPlane:
         elif a.exit_code == 0 and w.state in (State.STARTING, State.RUNNING, State.PREEMPTING):
             target, why = State.SUCCEEDED, "exited 0"
         else:
-            target, why = State.FAILED, f"exited {a.exit_code}" + (f" ({a.cause})" if a.cause else "")
+            target, why = (
+                State.FAILED,
+                f"exited {a.exit_code}" + (f" ({a.cause})" if a.cause else ""),
+            )
         if target is State.FAILED:
             self._account_lost_work(txn, w, now, None)
         elif target is State.SUCCEEDED:
@@ -674,7 +733,7 @@ class ControlPlane:
         if a.attempt != w.attempt:
             return [f"start for attempt {a.attempt!r}, but {w.id} is at attempt {w.attempt}"]
         if w.state is not State.ADMITTED:
-            return [f"{w.id} is {w.state.value}; only admitted workloads are started"]
+            return [f"{w.id} is {w.state.value}; only admitted workloads are started ({_trail(w)})"]
         err = self._transition(txn, w, State.STARTING, "start sent to backend", cause_id)
         return [err] if err else []
 
@@ -690,7 +749,7 @@ class ControlPlane:
         elif w.state in (State.ADMITTED, State.STARTING, State.RUNNING, State.PREEMPTING):
             err = self._transition(txn, w, State.STOPPING, a.reason, cause_id)
         else:
-            return [f"{w.id} is {w.state.value}; it cannot be cancelled"]
+            return [f"{w.id} is {w.state.value}; it cannot be cancelled ({_trail(w)})"]
         return [err] if err else []
 
     def _retry(self, txn: _Txn, a: Retry, cause_id: str | None) -> list[str]:
@@ -698,7 +757,7 @@ class ControlPlane:
         if w is None:
             return reasons
         if w.state is not State.FAILED:
-            return [f"{w.id} is {w.state.value}; only failed workloads are retried"]
+            return [f"{w.id} is {w.state.value}; only failed workloads are retried ({_trail(w)})"]
         if w.failures > w.spec.max_retries:
             return [f"{w.id} failed {w.failures} times; max_retries is {w.spec.max_retries}"]
         err = self._transition(txn, w, State.PENDING, f"retry after {w.failure_cause}", cause_id)
@@ -774,7 +833,9 @@ class ControlPlane:
         for node in txn.touched_nodes:
             problems += self._node_problems(node)
         for wid in txn.touched_workloads:
-            problems += self._workload_problems(self.workloads[wid]) if wid in self.workloads else []
+            problems += (
+                self._workload_problems(self.workloads[wid]) if wid in self.workloads else []
+            )
         for q in self.queues.values():
             if any(u < 0 for u in q.usage):
                 problems.append(f"queue {q.name}: negative usage {q.usage}")
@@ -811,7 +872,9 @@ class ControlPlane:
         out = []
         if w.holding:
             if len(w.placement) != w.spec.replicas:
-                out.append(f"{w.id}: {w.state.value} with {len(w.placement)}/{w.spec.replicas} replicas")
+                out.append(
+                    f"{w.id}: {w.state.value} with {len(w.placement)}/{w.spec.replicas} replicas"
+                )
             for a in w.placement:
                 if w.id not in self.on_node.get(a.node, {}):
                     out.append(f"{w.id}: placed on {a.node} but not indexed there")
@@ -837,7 +900,9 @@ class ControlPlane:
                 _add(usage[w.queue], a.res, 1)
             for prev, nxt in zip(w.history, w.history[1:]):
                 if prev.target is not nxt.source or nxt.target not in TRANSITIONS[prev.target]:
-                    problems.append(f"{w.id}: history has an illegal step {prev.target} -> {nxt.target}")
+                    problems.append(
+                        f"{w.id}: history has an illegal step {prev.target} -> {nxt.target}"
+                    )
         for name, q in self.queues.items():
             if usage[name] != q.usage:
                 problems.append(f"queue {name}: usage {q.usage} != sum of placements {usage[name]}")
@@ -858,6 +923,11 @@ def _add(acc: list[int], r: Resources, sign: int) -> None:
     acc[1] += sign * r.vram
     acc[2] += sign * r.cpu
     acc[3] += sign * r.ram
+
+
+def _trail(w: Workload) -> str:
+    """The workload's recent lifecycle, for rejections of an edge the table does not allow."""
+    return "history: " + " -> ".join(t.target.value for t in w.history[-8:])
 
 
 def _subject(action: object) -> str:

@@ -112,7 +112,9 @@ class Transition:
 class IllegalTransition(ValueError):
     """An edge not in ``TRANSITIONS``; carries the workload's history."""
 
-    def __init__(self, workload_id: str, source: State, target: State, history: Sequence[Transition]):
+    def __init__(
+        self, workload_id: str, source: State, target: State, history: Sequence[Transition]
+    ):
         self.workload_id = workload_id
         self.source = source
         self.target = target

@@ -131,7 +131,9 @@ def parse_memory_mib(value: object) -> int:
         raise ValueError(f"cannot parse memory quantity {value!r} (expected e.g. '16Gi', '512Mi')")
     number, unit = float(m.group(1)), m.group(2).lower()
     if unit not in _MEM_UNITS:
-        raise ValueError(f"unknown memory unit {m.group(2)!r} in {value!r} (use Mi, Gi, Ti, MB, GB)")
+        raise ValueError(
+            f"unknown memory unit {m.group(2)!r} in {value!r} (use Mi, Gi, Ti, MB, GB)"
+        )
     return round(number * _MEM_UNITS[unit])
 
 
@@ -169,7 +171,7 @@ def parse_gpu_milli(value: object) -> int:
     raise ValueError("gpu quantity must be a number of GPUs")
 
 
-_DUR = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s|ms)")
+_DUR = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|d|h|m|s)")  # "ms" before "m": first match wins
 
 
 def parse_duration_s(value: object) -> float:
@@ -204,7 +206,7 @@ def format_duration(seconds: float) -> str:
     if seconds == float("inf"):
         return "never"
     neg = seconds < 0
-    s = int(round(abs(seconds)))
+    s = round(abs(seconds))
     d, s = divmod(s, 86400)
     h, s = divmod(s, 3600)
     m, s = divmod(s, 60)

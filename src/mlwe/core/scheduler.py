@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mlwe.core.actions import Action, Place, Preempt
-from mlwe.core.capacity import FULL, ReplicaAlloc, Shape
+from mlwe.core.capacity import FULL, CapacityIndex, ReplicaAlloc, Shape
 from mlwe.core.controlplane import ApplyResult, ControlPlane
 from mlwe.core.decisions import DecisionRecord, digest
 from mlwe.core.lifecycle import State
@@ -41,6 +41,10 @@ class SchedulerConfig:
     strict_order: bool = False
     #: Assumed run time of work that declared none, in projections only.
     default_estimate_s: float = 3600.0
+    #: Victim searches that find nothing, per cycle, before the rest wait for the
+    #: next cycle (each is a scan of candidate nodes; a full cluster of
+    #: equal-priority work would otherwise make every cycle scan it for each job).
+    max_failed_preemption_searches: int = 16
 
 
 @dataclass(slots=True)
@@ -88,6 +92,7 @@ class Scheduler:
         self.name = name
         self._models: dict[tuple[tuple[str, ...], int, int], tuple[str, ...]] = {}
         self._total_gpu: tuple[int, int] = (-1, 0)
+        self._reservation_cache: tuple[str, int, float, Reservation | None] | None = None
 
     # ------------------------------------------------------------------ helpers
     def models_for(self, cp: ControlPlane, w: Workload) -> tuple[str, ...]:
@@ -129,14 +134,21 @@ class Scheduler:
         usage = {n: list(q.usage) for n, q in cp.queues.items()}
         failed: set[tuple[Shape, int, bool]] = set()
         taken: set[str] = set()
+        no_victims: set[tuple[Shape, int, int, str]] = set()
+        failed_searches = 0
         reservation: Reservation | None = None
+        head: Workload | None = None  # the first blocked workload: backfill must not delay it
+        projected = False
+        dirty = False
         n = len(order)
         for rank, w in enumerate(order):
             plan.considered += 1
             if w.victims:
                 live = [v for v in w.victims if cp.workloads[v].state is State.PREEMPTING]
                 if live:
-                    plan.pending[w.id] = f"waiting for {len(live)} victim(s) to release: {', '.join(live)}"
+                    plan.pending[w.id] = (
+                        f"waiting for {len(live)} victim(s) to release: {', '.join(live)}"
+                    )
                     continue
             models = self.models_for(cp, w)
             if w.spec.resources.gpu and not models:
@@ -145,14 +157,26 @@ class Scheduler:
             shape = shape_of(w.spec, models)
             replicas = w.spec.replicas
             exclude: frozenset[str] = frozenset()
-            if reservation is not None:
-                rem = w.remaining_estimate(now)
-                if rem is None or now + rem > reservation.start:
-                    exclude = reservation.nodes
+            if reservation is not None and not _ends_before(w, now, reservation.start):
+                exclude = reservation.nodes
             key = (shape, replicas, bool(exclude))
             allocs = None
             if key not in failed:
                 allocs = self.placement.place(fork, shape, replicas, exclude)
+                if allocs is not None and head is not None and not projected:
+                    # the first workload that could pass the blocked head: only now is
+                    # the head's reservation worth projecting (EASY backfill)
+                    for a in reversed(allocs):
+                        fork.release(a)
+                    reservation = self._reserve(cp, head, fork, now, dirty)
+                    projected = True
+                    if reservation is not None:
+                        nodes = ", ".join(sorted(reservation.nodes))
+                        plan.pending[head.id] += f"; holds a reservation on {nodes}"
+                        if not _ends_before(w, now, reservation.start):
+                            exclude = reservation.nodes
+                    key = (shape, replicas, bool(exclude))
+                    allocs = self.placement.place(fork, shape, replicas, exclude)
                 if allocs is None:
                     failed.add(key)
             if allocs is not None:
@@ -167,13 +191,23 @@ class Scheduler:
                     usage[w.queue][i] += req[i]
                 plan.actions.append(Place(w.id, allocs))
                 plan.decisions.append(
-                    self._place_record(cp, w, shape, allocs, rank, n, now, borrowing, reservation, cause_id)
+                    self._place_record(
+                        cp, w, shape, allocs, rank, n, now, borrowing, reservation, cause_id
+                    )
                 )
                 continue
             # it does not fit now: preempt, or wait (and maybe hold a reservation)
-            if cfg.preemption:
+            pkey = (shape, replicas, w.priority, w.queue)
+            if (
+                cfg.preemption
+                and pkey not in no_victims
+                and failed_searches < cfg.max_failed_preemption_searches
+            ):
                 choice = self.preemption.select(cp, fork, w, shape, taken)
-                if choice is not None:
+                if choice is None:
+                    no_victims.add(pkey)
+                    failed_searches += 1
+                else:
                     qreasons, _ = quota_verdict(cp.queues, usage, w.queue, _sum(choice.allocs))
                     reclaim = any(why.value == "reclaim" for _, why in choice.victims)
                     if not qreasons or reclaim:
@@ -201,16 +235,42 @@ class Scheduler:
                 for rest in order[rank + 1 :]:
                     plan.pending[rest.id] = f"strict order: waits behind {w.id}"
                 break
-            if cfg.backfill and reservation is None:
-                proj = project_start(
-                    cp, w, fork=fork, default_estimate_s=cfg.default_estimate_s,
-                    placement=self.placement,
-                )
-                if proj.start < INF:
-                    reservation = Reservation(w.id, proj.start, frozenset(a.node for a in proj.allocs))
-                    plan.pending[w.id] += f"; holds a reservation on {', '.join(sorted(reservation.nodes))}"
+            if cfg.backfill and head is None:
+                head = w
+                dirty = bool(plan.actions)
         plan.reservation = reservation
         return plan
+
+    def _reserve(
+        self, cp: ControlPlane, w: Workload, fork: CapacityIndex, now: float, dirty: bool
+    ) -> Reservation | None:
+        """The head's reservation: when and where it is projected to start.
+
+        Reused while the head and the set of resource holders are unchanged and
+        nothing was placed ahead of it in this cycle (the projection is the
+        costly part of a cycle on a full cluster).
+        """
+        cached = self._reservation_cache
+        if (
+            not dirty
+            and cached is not None
+            and cached[0] == w.id
+            and cached[1] == cp.holding_epoch
+            and now <= cached[2]
+        ):
+            return cached[3]
+        proj = project_start(
+            cp,
+            w,
+            fork=fork,
+            default_estimate_s=self.config.default_estimate_s,
+            placement=self.placement,
+        )
+        res = None
+        if proj.start < INF:
+            res = Reservation(w.id, proj.start, frozenset(a.node for a in proj.allocs))
+        self._reservation_cache = (w.id, cp.holding_epoch, proj.start, res)
+        return res
 
     def _why_waiting(
         self,
@@ -252,9 +312,13 @@ class Scheduler:
         why.append(order_why + ")")
         if shape.gpu:
             left = cp.capacity.whole_free_gpus(nodes[0]) - (
-                sum(len(a.devices) for a in allocs if a.node == nodes[0]) if shape.gpu >= FULL else 0
+                sum(len(a.devices) for a in allocs if a.node == nodes[0])
+                if shape.gpu >= FULL
+                else 0
             )
-            why.append(f"{self.placement.name}: leaves {max(0, left)} whole GPU(s) free on {nodes[0]}")
+            why.append(
+                f"{self.placement.name}: leaves {max(0, left)} whole GPU(s) free on {nodes[0]}"
+            )
         if borrowing:
             why.append(f"borrows idle quota from cohort {cp.queues[w.queue].cohort}")
         if reservation is not None:
@@ -275,12 +339,15 @@ class Scheduler:
     # -------------------------------------------------------------------- cycle
     def run_cycle(self, cp: ControlPlane, cause_id: str | None = None) -> ApplyResult:
         plan = self.plan(cp, cause_id)
-        result = cp.apply(
-            plan.actions, plan.version, cause_id=cause_id, decisions=plan.decisions
-        )
+        result = cp.apply(plan.actions, plan.version, cause_id=cause_id, decisions=plan.decisions)
         if result.accepted:
             cp.note_pending(plan.pending, self.name, cause_id)
         return result
+
+
+def _ends_before(w: Workload, now: float, t: float) -> bool:
+    rem = w.remaining_estimate(now)
+    return rem is not None and now + rem <= t
 
 
 def _sum(allocs: Sequence[ReplicaAlloc]) -> list[int]:

@@ -179,16 +179,28 @@ class WorkloadSpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _resolve_priority(cls, data: Any, info: ValidationInfo) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("priority"), str):
-            classes = _priority_classes(info)
-            name = data["priority"]
-            if name not in classes:
-                raise ValueError(
-                    f"priority: unknown priority class {name!r}; known: {', '.join(classes)}"
-                )
-            data = {**data, "priority": classes[name], "priority_class": name}
+    def _priority_class(cls, data: Any, info: ValidationInfo) -> Any:
+        # remember the class name; the priority field itself turns it into an integer
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("priority"), str)
+            and data["priority"] in _priority_classes(info)
+            and "priority_class" not in data
+        ):
+            data = {**data, "priority_class": data["priority"]}
         return data
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority_value(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("priority must be an integer or a priority class name")
+        if isinstance(v, str) and not v.strip().lstrip("-").isdigit():
+            classes = _priority_classes(info)
+            if v not in classes:
+                raise ValueError(f"unknown priority class {v!r}; known: {', '.join(classes)}")
+            return classes[v]
+        return v
 
     @field_validator("gpu_models")
     @classmethod
@@ -340,7 +352,11 @@ class ClusterSpec(BaseModel):
     @model_validator(mode="after")
     def _unique(self) -> ClusterSpec:
         names = [n.name for n in self.all_nodes()]
-        dup = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+        dup = (
+            sorted({n for n in names if names.count(n) > 1})
+            if len(set(names)) != len(names)
+            else []
+        )
         if dup:
             raise ValueError(f"duplicate node names: {', '.join(dup[:10])}")
         qnames = [q.name for q in self.queues]

@@ -40,11 +40,7 @@ def accepted_models(cp: ControlPlane, w: Workload) -> tuple[str, ...]:
         return ()
     present = cp.capacity.models()
     names = w.spec.gpu_models or tuple(present)
-    ok = [
-        m
-        for m in names
-        if m in present and cp.catalog[m].vram_mib >= w.spec.min_vram_per_gpu
-    ]
+    ok = [m for m in names if m in present and cp.catalog[m].vram_mib >= w.spec.min_vram_per_gpu]
     return tuple(sorted(ok, key=lambda m: (cp.catalog[m].rank, m)))
 
 
@@ -78,9 +74,7 @@ def project_start(
             and h.priority < preemptible_below
             and h.state is not State.PREEMPTING
             and preemptible(h, now) is None
-        ):
-            end = now + grace_s
-        elif h.state in (State.PREEMPTING, State.STOPPING):
+        ) or h.state in (State.PREEMPTING, State.STOPPING):
             end = now + grace_s
         else:
             rem = h.remaining_estimate(now)
@@ -166,23 +160,36 @@ def deadline_admission(
     rem = w.remaining_estimate(now)
     if rem is None:
         return DeadlineVerdict(
-            DeadlineStatus.AT_RISK, now, INF, w.deadline,
+            DeadlineStatus.AT_RISK,
+            now,
+            INF,
+            w.deadline,
             "no estimated_duration: completion cannot be projected",
         )
     if now + rem > w.deadline:
         return DeadlineVerdict(
-            DeadlineStatus.INFEASIBLE, now, now + rem, w.deadline,
+            DeadlineStatus.INFEASIBLE,
+            now,
+            now + rem,
+            w.deadline,
             f"needs {format_duration(rem)} but only {format_duration(w.deadline - now)} remain"
             " even on an empty cluster",
         )
     ahead_strong = [a for a in ahead if a.priority >= w.priority and a.id != w.id]
     proj = project_start(
-        cp, w, ahead_strong[:200], default_estimate_s=default_estimate_s,
-        preemptible_below=w.priority, grace_s=grace_s,
+        cp,
+        w,
+        ahead_strong[:200],
+        default_estimate_s=default_estimate_s,
+        preemptible_below=w.priority,
+        grace_s=grace_s,
     )
     if proj.start == INF:
         return DeadlineVerdict(
-            DeadlineStatus.INFEASIBLE, INF, INF, w.deadline,
+            DeadlineStatus.INFEASIBLE,
+            INF,
+            INF,
+            w.deadline,
             "no node in the cluster can hold it, even when everything ahead has finished",
         )
     restart = w.spec.restart_cost if w.work_done > 0 else 0.0
@@ -194,12 +201,29 @@ def deadline_admission(
         f" {format_duration(done - now)}, deadline in {format_duration(w.deadline - now)}"
     )
     if proj.assumed:
-        base += f" (assumed {default_estimate_s:.0f}s for {proj.assumed} workloads without estimates)"
+        base += (
+            f" (assumed {default_estimate_s:.0f}s for {proj.assumed} workloads without estimates)"
+        )
     if slack < 0:
-        return DeadlineVerdict(DeadlineStatus.INFEASIBLE, proj.start, done, w.deadline,
-                               f"misses by {format_duration(-slack)}: {base}")
+        return DeadlineVerdict(
+            DeadlineStatus.INFEASIBLE,
+            proj.start,
+            done,
+            w.deadline,
+            f"misses by {format_duration(-slack)}: {base}",
+        )
     if slack < margin * rem or proj.assumed:
-        return DeadlineVerdict(DeadlineStatus.AT_RISK, proj.start, done, w.deadline,
-                               f"slack {format_duration(slack)}: {base}")
-    return DeadlineVerdict(DeadlineStatus.FEASIBLE, proj.start, done, w.deadline,
-                           f"slack {format_duration(slack)}: {base}")
+        return DeadlineVerdict(
+            DeadlineStatus.AT_RISK,
+            proj.start,
+            done,
+            w.deadline,
+            f"slack {format_duration(slack)}: {base}",
+        )
+    return DeadlineVerdict(
+        DeadlineStatus.FEASIBLE,
+        proj.start,
+        done,
+        w.deadline,
+        f"slack {format_duration(slack)}: {base}",
+    )

@@ -19,7 +19,7 @@ from mlwe.core.controlplane import ControlPlane
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload
 from mlwe.core.resources import format_duration
-from mlwe.core.rules import preemptible
+from mlwe.core.rules import frees_what_is_needed, preemptible
 from mlwe.core.spec import NodeStatus
 
 #: A CPU-only victim's cores are weighed as GPUs at this rate (8 cores ~ 1 GPU).
@@ -104,15 +104,27 @@ class CheapestVictims:
         )
 
         def eligible(v: Workload) -> PreemptReason | None:
-            if v.id in taken or v.state not in _EVICTABLE or preemptible(v, now) is not None:
+            if v.id in taken or v.state not in _EVICTABLE:
                 return None
             if v.priority < p.priority:
-                return PreemptReason.PRIORITY
-            if reclaim_ok:
+                why = PreemptReason.PRIORITY
+            elif reclaim_ok:
                 qv = cp.queues[v.queue]
-                if qv.cohort == qp.cohort and qv.name != qp.name and qv.over_nominal():
-                    return PreemptReason.RECLAIM
-            return None
+                if not (qv.cohort == qp.cohort and qv.name != qp.name and qv.over_nominal()):
+                    return None
+                why = PreemptReason.RECLAIM
+            else:
+                return None
+            if preemptible(v, now) is not None:
+                return None
+            if not frees_what_is_needed(cp.capacity, v, p):
+                return None  # the control plane's rule: e.g. a CPU-only job frees no GPUs
+            return why
+
+        if not reclaim_ok and not any(
+            prio < p.priority for prio, n in cp.holding_by_priority.items() if n
+        ):
+            return None  # nobody holds anything at a lower priority
 
         if shape.gpu:
             nodes = [n for m in shape.models for n in fork.nodes_of_model(m)]
@@ -197,42 +209,54 @@ class CheapestVictims:
         vs: list[tuple[float, Workload, PreemptReason]],
         rank: int,
     ) -> _Candidate | None:
-        # cheap bound first: even evicting every eligible victim must free enough
+        # work with sums first (cheap); check devices and VRAM only when the sums allow
         free = f.free(node)
-        gpu = free.gpu + sum(a.res.gpu for _, v, _ in vs for a in v.placement if a.node == node)
-        cpu = free.cpu + sum(a.res.cpu for _, v, _ in vs for a in v.placement if a.node == node)
-        ram = free.ram + sum(a.res.ram for _, v, _ in vs for a in v.placement if a.node == node)
-        if gpu < shape.gpu or cpu < shape.cpu or ram < shape.ram:
-            return None
+        base = (free.gpu, free.cpu, free.ram)
+
+        def held(v: Workload) -> tuple[int, int, int]:
+            g = c = r = 0
+            for a in v.placement:
+                if a.node == node:
+                    g += a.res.gpu
+                    c += a.res.cpu
+                    r += a.res.ram
+            return g, c, r
+
+        sizes = {v.id: held(v) for _, v, _ in vs}
+
+        def enough(items: list[tuple[float, Workload, PreemptReason]]) -> bool:
+            g, c, r = base
+            for _, v, _ in items:
+                hg, hc, hr = sizes[v.id]
+                g += hg
+                c += hc
+                r += hr
+            return g >= shape.gpu and c >= shape.cpu and r >= shape.ram
+
+        if not enough(vs):
+            return None  # even evicting every eligible victim would not free enough
         vs.sort(key=lambda t: (t[0], t[1].priority, t[1].seq))
+
+        def mine(items: list[tuple[float, Workload, PreemptReason]]) -> list[ReplicaAlloc]:
+            return [a for _, v, _ in items for a in v.placement if a.node == node]
+
         released: list[tuple[float, Workload, PreemptReason]] = []
         fit = None
-        for item in vs:
-            for a in item[1].placement:
-                if a.node == node:
-                    f.release(a)
+        for item in vs:  # cheapest first, until the preemptor fits
             released.append(item)
-            fit = f.fit_on(node, shape)
-            if fit is not None:
-                break
-        if fit is not None:
-            # minimality: give back any victim the preemptor does not need
-            for item in sorted(released, key=lambda t: (-t[0], -t[1].seq)):
-                mine = [a for a in item[1].placement if a.node == node]
-                for a in mine:
-                    f.allocate(a)
-                if f.fit_on(node, shape) is not None:
-                    released.remove(item)
-                else:
-                    for a in mine:
-                        f.release(a)
-            fit = f.fit_on(node, shape)
-        for item in released:  # leave the fork as it was
-            for a in item[1].placement:
-                if a.node == node:
-                    f.allocate(a)
-        if fit is None or not released:
+            if enough(released):
+                fit = f.fit_after_release(node, shape, mine(released))
+                if fit is not None:
+                    break
+        if fit is None:
             return None
+        # minimality: drop any victim the preemptor does not need, costliest first
+        for item in sorted(released, key=lambda t: (-t[0], -t[1].seq)):
+            trial = [x for x in released if x is not item]
+            if trial and enough(trial):
+                again = f.fit_after_release(node, shape, mine(trial))
+                if again is not None:
+                    released, fit = trial, again
         return _Candidate(node, released, fit, sum(c for c, _, _ in released), rank)
 
 
