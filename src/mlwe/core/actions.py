@@ -112,6 +112,16 @@ class SetNodeStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class SetPriority:
+    """Change a workload's effective priority (agent reprioritisation, LAS/SRTF levels)."""
+
+    workload: str
+    priority: int
+    reason: str = ""
+    kind = "set-priority"
+
+
+@dataclass(frozen=True, slots=True)
 class SetQueue:
     spec: QueueSpec
     kind = "set-queue"
@@ -130,6 +140,7 @@ Action = (
     | Retry
     | AddNode
     | SetNodeStatus
+    | SetPriority
     | SetQueue
 )
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mlwe.core.actions import AddNode, SetQueue
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
 from mlwe.core.controlplane import ControlPlane
+from mlwe.core.decisions import DecisionRecord
 from mlwe.core.spec import ClusterSpec
 
 
@@ -15,9 +18,12 @@ def build_control_plane(
     *,
     catalog: GpuCatalog = DEFAULT_CATALOG,
     check_invariants: bool = True,
+    decision_sink: Callable[[DecisionRecord], None] | None = None,
 ) -> ControlPlane:
     """A control plane holding ``cluster``'s nodes and queues, every one added through ``apply``."""
-    cp = ControlPlane(clock, catalog=catalog, check_invariants=check_invariants)
+    cp = ControlPlane(
+        clock, catalog=catalog, check_invariants=check_invariants, decision_sink=decision_sink
+    )
     for node in cluster.all_nodes():
         result = cp.apply([AddNode(node)], cause_id="cluster-spec")
         if not result.accepted:

@@ -30,6 +30,7 @@ from mlwe.core.actions import (
     Released,
     Retry,
     SetNodeStatus,
+    SetPriority,
     SetQueue,
     Start,
     Started,
@@ -89,6 +90,7 @@ class _Txn:
     touched_workloads: dict[str, None] = field(default_factory=dict)
     created: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    transitions: list[tuple[Workload, Transition]] = field(default_factory=list)
 
     def rollback(self) -> None:
         for fn in reversed(self.undo):
@@ -122,6 +124,9 @@ class ControlPlane:
         #: made at one epoch stay valid until it changes.
         self.holding_epoch = 0
         self.decisions: list[DecisionRecord] = []
+        #: Called after each applied batch, once per state transition in it (in order):
+        #: the runtime turns them into backend commands, stores and streams them.
+        self.listeners: list[Callable[[Workload, Transition], None]] = []
         self._sink = decision_sink
         self._decision_seq = 0
         self._seq = 0
@@ -262,9 +267,18 @@ class ControlPlane:
             if problems:
                 txn.rollback()
                 raise InvariantViolation("; ".join(problems[:20]))
+        if not txn.undo and not txn.touched_nodes:  # an added node has no undo entry
+            # only acknowledged no-ops (stale or repeated facts): nothing changed, so
+            # plans decided on this version stay valid
+            if event_id is not None:
+                self._remember_event(event_id)
+            return ApplyResult(True, self.version, (), False, tuple(txn.ignored))
         self.version += 1
         if event_id is not None:
             self._remember_event(event_id)
+        for w, tr in txn.transitions:
+            for listener in self.listeners:
+                listener(w, tr)
         for a in actions:
             self.counters[a.kind] = self.counters.get(a.kind, 0) + 1
         for rec in decisions:
@@ -307,7 +321,9 @@ class ControlPlane:
                 f" (allowed: {allowed}; history: {trail})"
             )
         w.state = target
-        w.history.append(Transition(self.clock.now(), source, target, reason, cause_id))
+        tr = Transition(self.clock.now(), source, target, reason, cause_id)
+        w.history.append(tr)
+        txn.transitions.append((w, tr))
         in_q_before = source in QUEUED
         in_q_after = target in QUEUED
         if in_q_after and not in_q_before:
@@ -397,6 +413,8 @@ class ControlPlane:
             return self._set_node_status(txn, a)
         if isinstance(a, SetQueue):
             return self._set_queue(txn, a)
+        if isinstance(a, SetPriority):
+            return self._set_priority(txn, a)
         if isinstance(a, FACTS):
             return self._fact(txn, a, cause_id)
         return [f"unknown action type {type(a).__name__}"]
@@ -431,7 +449,9 @@ class ControlPlane:
         if spec.deadline_in is not None:
             deadline = now + spec.deadline_in
         w = Workload(id=wid, spec=spec, seq=self._seq, submit_time=now, deadline=deadline)
-        w.history.append(Transition(now, None, State.PENDING, "submitted", cause_id))
+        tr = Transition(now, None, State.PENDING, "submitted", cause_id)
+        w.history.append(tr)
+        txn.transitions.append((w, tr))
         self.workloads[wid] = w
         self.queued[wid] = None
         txn.created.append(wid)
@@ -804,6 +824,34 @@ class ControlPlane:
         txn.touched_nodes[a.node] = None
         return []
 
+    def _set_priority(self, txn: _Txn, a: SetPriority) -> list[str]:
+        w, reasons = self._workload(a.workload)
+        if w is None:
+            return reasons
+        if isinstance(a.priority, bool) or not isinstance(a.priority, int):
+            return [f"priority {a.priority!r} is not an integer"]
+        if not 0 <= a.priority <= 1_000_000:
+            return [f"priority {a.priority} outside [0, 1000000]"]
+        if w.state in (State.SUCCEEDED, State.CANCELLED):
+            return [f"{w.id} is {w.state.value}; its priority no longer matters"]
+        old = w.priority
+        if old == a.priority:
+            return []
+        hp = self.holding_by_priority
+        if w.placement:
+            hp[old] -= 1
+            hp[a.priority] = hp.get(a.priority, 0) + 1
+        self._set(txn, w, "priority_override", a.priority)
+        txn.touched_workloads[w.id] = None
+
+        def undo() -> None:
+            if w.placement:
+                hp[a.priority] -= 1
+                hp[old] = hp.get(old, 0) + 1
+
+        txn.undo.append(undo)
+        return []
+
     def _set_queue(self, txn: _Txn, a: SetQueue) -> list[str]:
         if not isinstance(a.spec, QueueSpec):
             return ["queue spec is not a validated QueueSpec"]
@@ -903,6 +951,13 @@ class ControlPlane:
                     problems.append(
                         f"{w.id}: history has an illegal step {prev.target} -> {nxt.target}"
                     )
+        by_prio: dict[int, int] = {}
+        for w in self.workloads.values():
+            if w.placement:
+                by_prio[w.priority] = by_prio.get(w.priority, 0) + 1
+        counted = {p: n for p, n in self.holding_by_priority.items() if n}
+        if by_prio != counted:
+            problems.append(f"holders by priority {counted} != recount {by_prio}")
         for name, q in self.queues.items():
             if usage[name] != q.usage:
                 problems.append(f"queue {name}: usage {q.usage} != sum of placements {usage[name]}")

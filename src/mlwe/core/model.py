@@ -39,11 +39,13 @@ class Workload:
     pending_reason: str = ""
     exit_code: int | None = None
     failure_cause: str | None = None
+    priority_override: int | None = None  # set by SetPriority; else the spec's priority
 
     # ------------------------------------------------------------------ derived
     @property
     def priority(self) -> int:
-        return self.spec.priority
+        p = self.priority_override
+        return self.spec.priority if p is None else p
 
     @property
     def queue(self) -> str:

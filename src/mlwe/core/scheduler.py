@@ -8,7 +8,7 @@ decision records that explain them. ``run_cycle`` hands the plan to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from mlwe.core.actions import Action, Place, Preempt
@@ -29,6 +29,7 @@ from mlwe.core.policies.placement import BestFit, PlacementPolicy
 from mlwe.core.policies.preemption import CheapestVictims, PreemptionPolicy, describe_choice
 from mlwe.core.resources import format_duration, format_gpu
 from mlwe.core.rules import quota_verdict
+from mlwe.core.spec import NodeStatus, WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +93,32 @@ class Scheduler:
         self.name = name
         self._models: dict[tuple[tuple[str, ...], int, int], tuple[str, ...]] = {}
         self._total_gpu: tuple[int, int] = (-1, 0)
+        #: nodes each waiting preemptor plans to use (scheduler memory, not cluster state)
+        self._nominated: dict[str, frozenset[str]] = {}
+        self._shapes: dict[str, tuple[int, WorkloadSpec, tuple[str, ...], Shape]] = {}
         self._reservation_cache: tuple[str, int, float, Reservation | None] | None = None
 
     # ------------------------------------------------------------------ helpers
     def models_for(self, cp: ControlPlane, w: Workload) -> tuple[str, ...]:
+        if not w.spec.resources.gpu:
+            return ()
         key = (w.spec.gpu_models, w.spec.min_vram_per_gpu, len(cp.on_node))
         got = self._models.get(key)
         if got is None:
             got = self._models[key] = accepted_models(cp, w)
         return got
+
+    def shape_for(self, cp: ControlPlane, w: Workload) -> tuple[tuple[str, ...], Shape]:
+        """Accepted models and the placement shape of ``w`` (cached: specs are immutable)."""
+        n = len(cp.on_node)
+        got = self._shapes.get(w.id)
+        if got is None or got[0] != n or got[1] is not w.spec:
+            models = self.models_for(cp, w)
+            got = (n, w.spec, models, shape_of(w.spec, models))
+            if len(self._shapes) > 200_000:
+                self._shapes.clear()
+            self._shapes[w.id] = got
+        return got[2], got[3]
 
     def total_gpu(self, cp: ControlPlane) -> int:
         n = len(cp.on_node)
@@ -120,6 +138,11 @@ class Scheduler:
                 break
             ahead.append(other)
         return deadline_admission(cp, w, ahead, default_estimate_s=self.config.default_estimate_s)
+
+    # ------------------------------------------------------------------ hooks
+    def prepare(self, cp: ControlPlane) -> list[Action]:
+        """Actions to apply before a cycle (e.g. LAS demotions); none by default."""
+        return []
 
     # --------------------------------------------------------------------- plan
     def plan(self, cp: ControlPlane, cause_id: str | None = None) -> Plan:
@@ -149,12 +172,12 @@ class Scheduler:
                     plan.pending[w.id] = (
                         f"waiting for {len(live)} victim(s) to release: {', '.join(live)}"
                     )
+                    _hold(fork, self._nominated.get(w.id, ()), cp, live)
                     continue
-            models = self.models_for(cp, w)
+            models, shape = self.shape_for(cp, w)
             if w.spec.resources.gpu and not models:
                 plan.pending[w.id] = "no node in the cluster has a GPU model it accepts"
                 continue
-            shape = shape_of(w.spec, models)
             replicas = w.spec.replicas
             exclude: frozenset[str] = frozenset()
             if reservation is not None and not _ends_before(w, now, reservation.start):
@@ -190,6 +213,7 @@ class Scheduler:
                 for i in range(4):
                     usage[w.queue][i] += req[i]
                 plan.actions.append(Place(w.id, allocs))
+                self._nominated.pop(w.id, None)
                 plan.decisions.append(
                     self._place_record(
                         cp, w, shape, allocs, rank, n, now, borrowing, reservation, cause_id
@@ -214,6 +238,9 @@ class Scheduler:
                         for v, why in choice.victims:
                             plan.actions.append(Preempt(v.id, w.id, why))
                             taken.add(v.id)
+                        planned = frozenset(a.node for a in choice.allocs)
+                        self._nominated[w.id] = planned
+                        _hold(fork, planned, cp, [v.id for v, _ in choice.victims])
                         plan.decisions.append(
                             DecisionRecord(
                                 kind="preempt",
@@ -343,6 +370,21 @@ class Scheduler:
         if result.accepted:
             cp.note_pending(plan.pending, self.name, cause_id)
         return result
+
+
+def _hold(
+    fork: CapacityIndex, planned: Iterable[str], cp: ControlPlane, victims: Sequence[str]
+) -> None:
+    """Keep what a preemptor waits for: nothing ranked after it may take room on the
+    nodes it plans to use, nor on its victims' nodes (in this cycle's fork only),
+    while the victims checkpoint. Without this, lower-priority work fills the gap
+    (a gang's replica planned on free room, say) and the preemptor evicts again."""
+    nodes = set(planned)
+    for vid in victims:
+        nodes.update(a.node for a in cp.workloads[vid].placement)
+    for node in sorted(nodes):
+        if fork.status(node) is NodeStatus.READY:
+            fork.set_status(node, NodeStatus.CORDONED)
 
 
 def _ends_before(w: Workload, now: float, t: float) -> bool:

@@ -1,0 +1,136 @@
+"""Replay a trace through the real control plane and policies on simulated time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlwe.core.actions import Submit
+from mlwe.core.cluster import build_control_plane
+from mlwe.core.controlplane import ControlPlane
+from mlwe.core.decisions import DecisionRecord
+from mlwe.core.reconcile import Reconciler
+from mlwe.sim.backend import SimBackend, SimBackendConfig
+from mlwe.sim.baselines import POLICY_SEMANTICS, make_policy
+from mlwe.sim.kernel import Kernel
+from mlwe.sim.metrics import Metrics
+from mlwe.sim.traces import Trace, TraceJob
+
+
+@dataclass
+class ReplayConfig:
+    policy: str = "mlwe"
+    seed: int = 0
+    check_invariants: bool = True
+    #: a full invariant sweep every N scheduling cycles (0: only at the end);
+    #: the cheap check of what each batch touched always runs when checks are on
+    full_check_every: int = 0
+    grace_s: float = 30.0
+    eviction_delay_s: float = 5.0
+    failure_prob: float = 0.0
+    node_failures: Sequence[tuple[float, str, float | None]] = ()
+    keep_decisions: int = 0  # how many decision records to keep (memory); all are counted
+    progress: Callable[[float, int, int], None] | None = None  # (sim time, done, events)
+
+
+@dataclass
+class ReplayResult:
+    trace: str
+    policy: str
+    metrics: dict[str, Any]
+    cp: ControlPlane
+    series: list[tuple[float, float, int]]
+    jcts: list[float]
+    decisions: list[DecisionRecord] = field(default_factory=list)
+
+
+def replay(trace: Trace, config: ReplayConfig | None = None) -> ReplayResult:
+    cfg = config or ReplayConfig()
+    kernel = Kernel()
+    durations = {j.spec.id or j.job_id: j.duration for j in trace.jobs}
+    kept: list[DecisionRecord] = []
+    counts: dict[str, int] = {}
+
+    def sink(rec: DecisionRecord) -> None:
+        counts[rec.kind] = counts.get(rec.kind, 0) + 1
+        if len(kept) < cfg.keep_decisions:
+            kept.append(rec)
+
+    # decisions are counted, not all kept: a replay makes millions
+    cp = build_control_plane(
+        trace.cluster, kernel.clock, catalog=trace.catalog,
+        check_invariants=cfg.check_invariants, decision_sink=sink,
+    )
+    scheduler = make_policy(cfg.policy, durations)
+    backend = SimBackend(
+        kernel, durations,
+        SimBackendConfig(eviction_delay_s=cfg.eviction_delay_s, failure_prob=cfg.failure_prob,
+                         seed=cfg.seed),
+    )
+    rec = Reconciler(cp, scheduler, grace_s=cfg.grace_s)
+    total_gpus = sum(i.capacity.gpu for i in cp.capacity.nodes()) / 1000
+    metrics = Metrics(cp, durations, total_gpus)
+    for t, node, down in cfg.node_failures:
+        backend.fail_node(t, node, down)
+
+    def submit(job: TraceJob) -> None:
+        res = cp.apply([Submit(job.spec)], cause_id=f"trace:{job.line}")
+        if not res.accepted:
+            raise ValueError(f"{trace.name}:{job.line}: rejected: {'; '.join(res.reasons())}")
+
+    for job in trace.jobs:
+        kernel.at(job.submit_time, submit, job)
+
+    wakeups: set[float] = set()
+    full_checks = [0]
+
+    def noop(_: Any) -> None:
+        return None
+
+    def on_quiet(t: float) -> None:
+        while True:
+            rec.handle(backend.poll())
+            commands = rec.step(cause_id=None)
+            if not commands:
+                break
+            backend.send(commands)
+            if kernel.peek() <= t:
+                return  # events at this same moment first; we come back after them
+        if cfg.full_check_every and rec.cycles and rec.cycles % cfg.full_check_every == 0:
+            full_checks[0] += 1
+            cp.assert_valid()
+        nxt = rec.next_wakeup()
+        if nxt is not None and nxt > t and nxt not in wakeups:
+            wakeups.add(nxt)
+            kernel.at(nxt, noop)
+        if cfg.progress is not None:
+            cfg.progress(t, len(metrics.jobs), kernel.events)
+
+    wall0 = time.perf_counter()
+    kernel.run(on_quiet=on_quiet)
+    wall = time.perf_counter() - wall0
+    if cfg.check_invariants:
+        cp.assert_valid()
+    summary = metrics.summary(kernel.clock.t, backend.lost_gpu_s)
+    jcts = [r.finish - r.submit for r in metrics.jobs.values()
+            if r.state == "succeeded" and r.finish is not None]
+    out = {
+        "trace": trace.name,
+        "policy": cfg.policy,
+        "policy_semantics": POLICY_SEMANTICS.get(cfg.policy, ""),
+        "seed": cfg.seed,
+        "wall_s": round(wall, 3),
+        "events": kernel.events,
+        "events_per_s": round(kernel.events / wall) if wall else None,
+        "cycles": rec.cycles,
+        **summary,
+        "invariant_checks": cp.invariant_checks,
+        "invariants": "on" if cfg.check_invariants else "OFF (profiling only)",
+        "decisions": dict(sorted(counts.items())),
+        "rejected_batches": len(rec.rejected),
+        "trace_notes": list(trace.notes),
+        "skipped_rows": trace.skipped,
+    }
+    return ReplayResult(trace.name, cfg.policy, out, cp, metrics.series, jcts, kept)
