@@ -101,6 +101,166 @@ def demo(
     out.print(f"invariants: ok after {cp.invariant_checks} checks; state version {cp.version}")
 
 
+def _load_trace_for_cli(trace: str, cluster: str | None, limit: int | None, seed: int,
+                        skip_bad_rows: bool):  # type: ignore[no-untyped-def]
+    from mlwe.sim.traces import TRACE_CATALOG, TraceError, load_trace, parse_cluster_spec
+
+    spec = None
+    if cluster is not None:
+        path = Path(cluster)
+        if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+            from mlwe.specfile import load_cluster
+
+            try:
+                spec = load_cluster(path, TRACE_CATALOG)
+            except SpecFileError as exc:
+                err.print(str(exc), markup=False)
+                raise typer.Exit(2) from None
+        else:
+            try:
+                spec = parse_cluster_spec(cluster)
+            except ValueError as exc:
+                err.print(f"--cluster: {exc}", markup=False)
+                raise typer.Exit(2) from None
+    try:
+        return load_trace(trace, limit=limit, seed=seed, skip_bad_rows=skip_bad_rows, cluster=spec)
+    except (TraceError, FileNotFoundError, ValueError) as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        if isinstance(exc, TraceError) and not skip_bad_rows:
+            err.print("(use --skip-bad-rows to skip malformed rows and count them)")
+        raise typer.Exit(2) from None
+
+
+def _run_replays(tr, policies: list[str], seed: int, invariants: bool, quiet: bool):  # type: ignore[no-untyped-def]
+    import time as _time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mlwe.sim.replay import ReplayConfig, replay
+
+    results = []
+    total = len(tr.jobs)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), console=err, disable=quiet, transient=True,
+    ) as bar:
+        for policy in policies:
+            task = bar.add_task(f"{tr.name} / {policy}", total=total, info="")
+            last = [0.0]
+
+            def progress(
+                t: float, jobs: int, events: int, task: int = task, last: list[float] = last
+            ) -> None:
+                now = _time.monotonic()
+                if now - last[0] > 0.2:
+                    last[0] = now
+                    bar.update(task, completed=jobs,
+                               info=f"sim t={t / 3600:,.1f}h, {events:,} events")
+
+            cfg = ReplayConfig(policy=policy, seed=seed, check_invariants=invariants,
+                               progress=None if quiet else progress)
+            results.append(replay(tr, cfg))
+            bar.update(task, completed=total)
+    return results
+
+
+@app.command("replay")
+def replay_cmd(
+    trace: Annotated[str, typer.Argument(help="philly, itp:NN, alibaba, synthetic, or a CSV path")],
+    policy: Annotated[str, typer.Option(help="scheduling policy (see mlwe compare --help)")] = "mlwe",
+    cluster: Annotated[str | None, typer.Option(help="pooled:N, nodes:NxG[:MODEL] or a YAML cluster file")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="first N jobs")] = None,
+    seed: int = 0,
+    out: Annotated[Path | None, typer.Option(help="write metrics.json, report.md and plots here")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows")] = False,
+    no_invariants: Annotated[bool, typer.Option("--no-invariants", help="profiling only: the report says so")] = False,
+) -> None:
+    """Replay a trace through the real control plane and a policy on simulated time."""
+    from mlwe.sim.baselines import POLICIES
+
+    if policy not in POLICIES:
+        err.print(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        raise typer.Exit(2)
+    tr = _load_trace_for_cli(trace, cluster, limit, seed, skip_bad_rows)
+    (result,) = _run_replays(tr, [policy], seed, not no_invariants, as_json)
+    if out is not None:
+        from mlwe.sim.report import write_report
+
+        write_report([result], out)
+    if as_json:
+        print(json.dumps(result.metrics, sort_keys=True))
+        return
+    _print_metrics([result])
+
+
+@app.command("compare")
+def compare_cmd(
+    trace: Annotated[str, typer.Argument(help="philly, itp:NN, alibaba, synthetic, or a CSV path")],
+    policies: Annotated[str, typer.Option(help="comma-separated policy names")] = "mlwe,fifo,fifo-backfill",
+    cluster: Annotated[str | None, typer.Option(help="pooled:N, nodes:NxG[:MODEL] or a YAML cluster file")] = None,
+    limit: Annotated[int | None, typer.Option(min=1)] = None,
+    seed: int = 0,
+    out: Annotated[Path | None, typer.Option(help="write metrics.json, report.md and plots here")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows")] = False,
+) -> None:
+    """Run several policies on the same trace and compare them."""
+    from mlwe.sim.baselines import POLICIES
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        err.print(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}")
+        raise typer.Exit(2)
+    tr = _load_trace_for_cli(trace, cluster, limit, seed, skip_bad_rows)
+    results = _run_replays(tr, names, seed, True, as_json)
+    if out is not None:
+        from mlwe.sim.report import write_report
+
+        write_report(results, out)
+    if as_json:
+        print(json.dumps({r.policy: r.metrics for r in results}, sort_keys=True))
+        return
+    _print_metrics(results)
+
+
+def _print_metrics(results) -> None:  # type: ignore[no-untyped-def]
+    keys = ["jobs", "completed", "avg_jct_s", "median_jct_s", "p99_jct_s", "avg_queue_delay_s",
+            "makespan_s", "gpu_util", "deadline_met_ratio", "preemptions",
+            "gpu_hours_lost_to_preemption", "queue_fairness_jain", "wall_s", "events_per_s",
+            "invariant_checks", "invariants"]
+    table = Table(title=f"replay: {results[0].trace}")
+    table.add_column("metric")
+    for r in results:
+        table.add_column(r.policy, justify="right")
+    for k in keys:
+        table.add_row(k, *[_fmt(r.metrics.get(k)) for r in results])
+    out.print(table)
+    for note in results[0].metrics.get("trace_notes", []):
+        out.print(f"[dim]note: {note}[/dim]", markup=True, soft_wrap=True)
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return "-" if v is None else str(v)
+
+
+@bench_app.command("kernel")
+def bench_kernel_cmd(
+    events: Annotated[int, typer.Option(min=1000)] = 1_000_000,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Discrete-event kernel speed on a null model."""
+    from mlwe.sim.kernel import bench_kernel
+
+    result = bench_kernel(events)
+    print(json.dumps(result) if as_json else result)
+
+
 @bench_app.command("core")
 def bench_core(
     nodes: Annotated[int, typer.Option(min=1)] = 1000,

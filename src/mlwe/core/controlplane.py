@@ -884,8 +884,10 @@ class ControlPlane:
             problems += (
                 self._workload_problems(self.workloads[wid]) if wid in self.workloads else []
             )
-        for q in self.queues.values():
-            if any(u < 0 for u in q.usage):
+        for wid in txn.touched_workloads:
+            w = self.workloads.get(wid)
+            q = self.queues.get(w.queue) if w is not None else None
+            if q is not None and (q.usage[0] < 0 or q.usage[1] < 0 or q.usage[2] < 0 or q.usage[3] < 0):
                 problems.append(f"queue {q.name}: negative usage {q.usage}")
         return problems
 

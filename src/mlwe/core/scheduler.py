@@ -157,7 +157,7 @@ class Scheduler:
         usage = {n: list(q.usage) for n, q in cp.queues.items()}
         failed: set[tuple[Shape, int, bool]] = set()
         taken: set[str] = set()
-        no_victims: set[tuple[Shape, int, int, str]] = set()
+        no_victims: set[tuple[Shape, int, int, str, bool]] = set()
         failed_searches = 0
         reservation: Reservation | None = None
         head: Workload | None = None  # the first blocked workload: backfill must not delay it
@@ -221,13 +221,24 @@ class Scheduler:
                 )
                 continue
             # it does not fit now: preempt, or wait (and maybe hold a reservation)
-            pkey = (shape, replicas, w.priority, w.queue)
+            if cfg.preemption and head is not None and not projected:
+                # preempting past the blocked head must respect its reservation too
+                reservation = self._reserve(cp, head, fork, now, dirty)
+                projected = True
+                if reservation is not None:
+                    nodes = ", ".join(sorted(reservation.nodes))
+                    plan.pending[head.id] += f"; holds a reservation on {nodes}"
+                    if not _ends_before(w, now, reservation.start):
+                        exclude = reservation.nodes
+            pkey = (shape, replicas, w.priority, w.queue, bool(exclude))
             if (
                 cfg.preemption
                 and pkey not in no_victims
                 and failed_searches < cfg.max_failed_preemption_searches
             ):
-                choice = self.preemption.select(cp, fork, w, shape, taken)
+                # a workload ranked after the blocked head may not preempt its way onto
+                # the head's reserved nodes either: backfill rules bind preemption too
+                choice = self.preemption.select(cp, fork, w, shape, taken, exclude)
                 if choice is None:
                     no_victims.add(pkey)
                     failed_searches += 1

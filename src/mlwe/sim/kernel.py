@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 _push = heapq.heappush
 
 

@@ -10,6 +10,7 @@ chosen, and the set is minimal (no victim can be dropped).
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,8 +43,16 @@ class PreemptionPolicy(Protocol):
     name: str
 
     def select(
-        self, cp: ControlPlane, fork: CapacityIndex, p: Workload, shape: Shape, taken: set[str]
-    ) -> VictimChoice | None: ...
+        self,
+        cp: ControlPlane,
+        fork: CapacityIndex,
+        p: Workload,
+        shape: Shape,
+        taken: set[str],
+        exclude: Container[str] = (),
+    ) -> VictimChoice | None:
+        """Victims to evict so ``p`` fits, never on ``exclude`` nodes (None: no valid set)."""
+        ...
 
 
 def victim_cost(v: Workload, now: float, gang_penalty: float) -> float:
@@ -94,7 +103,13 @@ class CheapestVictims:
         self._cursor = 0
 
     def select(
-        self, cp: ControlPlane, fork: CapacityIndex, p: Workload, shape: Shape, taken: set[str]
+        self,
+        cp: ControlPlane,
+        fork: CapacityIndex,
+        p: Workload,
+        shape: Shape,
+        taken: set[str],
+        exclude: Container[str] = (),
     ) -> VictimChoice | None:
         now = cp.now()
         qp = cp.queues[p.queue]
@@ -141,7 +156,7 @@ class CheapestVictims:
         examined = feasible_total = 0
         alternatives: list[str] = []
         for _ in range(p.spec.replicas):
-            free_alloc = _first_fit(f, shape)
+            free_alloc = _first_fit(f, shape, exclude)
             if free_alloc is not None:
                 f.allocate(free_alloc)
                 allocs.append(free_alloc)
@@ -153,7 +168,7 @@ class CheapestVictims:
             for i in range(len(nodes)):
                 node = nodes[(start + i) % len(nodes)]
                 scanned += 1
-                if f.status(node) is NodeStatus.READY:
+                if node not in exclude and f.status(node) is NodeStatus.READY:
                     vs = []
                     for wid in cp.on_node.get(node, ()):
                         if wid in chosen:
@@ -260,8 +275,13 @@ class CheapestVictims:
         return _Candidate(node, released, fit, sum(c for c, _, _ in released), rank)
 
 
-def _first_fit(f: CapacityIndex, shape: Shape) -> ReplicaAlloc | None:
-    return f.find(shape)
+def _first_fit(f: CapacityIndex, shape: Shape, exclude: Container[str]) -> ReplicaAlloc | None:
+    for node in f.candidates(shape):
+        if node not in exclude:
+            alloc = f.fit_on(node, shape)
+            if alloc is not None:
+                return alloc
+    return None
 
 
 def describe_choice(p: Workload, choice: VictimChoice, cp: ControlPlane) -> list[str]:
