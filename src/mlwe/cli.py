@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from mlwe.specfile import SpecFileError, load_workloads
+
+if TYPE_CHECKING:
+    from mlwe.sim.replay import ReplayResult
+    from mlwe.sim.traces import Trace
 
 app = typer.Typer(
     name="mlwe",
@@ -101,8 +105,9 @@ def demo(
     out.print(f"invariants: ok after {cp.invariant_checks} checks; state version {cp.version}")
 
 
-def _load_trace_for_cli(trace: str, cluster: str | None, limit: int | None, seed: int,
-                        skip_bad_rows: bool):  # type: ignore[no-untyped-def]
+def _load_trace_for_cli(
+    trace: str, cluster: str | None, limit: int | None, seed: int, skip_bad_rows: bool
+) -> Trace:
     from mlwe.sim.traces import TRACE_CATALOG, TraceError, load_trace, parse_cluster_spec
 
     spec = None
@@ -131,10 +136,12 @@ def _load_trace_for_cli(trace: str, cluster: str | None, limit: int | None, seed
         raise typer.Exit(2) from None
 
 
-def _run_replays(tr, policies: list[str], seed: int, invariants: bool, quiet: bool):  # type: ignore[no-untyped-def]
+def _run_replays(
+    tr: Trace, policies: list[str], seed: int, invariants: bool, quiet: bool
+) -> list[ReplayResult]:
     import time as _time
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from mlwe.sim.replay import ReplayConfig, replay
 
@@ -149,7 +156,7 @@ def _run_replays(tr, policies: list[str], seed: int, invariants: bool, quiet: bo
             last = [0.0]
 
             def progress(
-                t: float, jobs: int, events: int, task: int = task, last: list[float] = last
+                t: float, jobs: int, events: int, task: TaskID = task, last: list[float] = last
             ) -> None:
                 now = _time.monotonic()
                 if now - last[0] > 0.2:
@@ -225,7 +232,7 @@ def compare_cmd(
     _print_metrics(results)
 
 
-def _print_metrics(results) -> None:  # type: ignore[no-untyped-def]
+def _print_metrics(results: list[ReplayResult]) -> None:
     keys = ["jobs", "completed", "avg_jct_s", "median_jct_s", "p99_jct_s", "avg_queue_delay_s",
             "makespan_s", "gpu_util", "deadline_met_ratio", "preemptions",
             "gpu_hours_lost_to_preemption", "queue_fairness_jain", "wall_s", "events_per_s",

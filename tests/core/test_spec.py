@@ -249,3 +249,32 @@ def test_queue_quota_left_out_is_unlimited() -> None:
     assert q.nominal_vector().as_tuple() == (8000, UNLIMITED, UNLIMITED, UNLIMITED)
     assert q.borrow_vector().as_tuple() == (UNLIMITED,) * 4
     assert QueueSpec(name="solo").borrow_vector().as_tuple() == (0, 0, 0, 0)
+
+
+# ------------------------------------------------------------- round trips
+ROUND_TRIPS = [
+    ("fractional-gpu", {"name": "a", "resources": {"gpu": 0.5, "cpu": "500m", "memory": "3Gi"}}),
+    ("whole-gpus", {"name": "b", "resources": {"gpu": 8, "cpu": 32, "memory": "512Gi"},
+                    "gpu_models": ["A100-80GB"], "estimated_duration": "2h", "deadline_in": "3h"}),
+    ("cpu-only", {"name": "c", "resources": {"cpu": 96, "memory": "1Ti"}, "priority": "low"}),
+]
+
+
+@pytest.mark.parametrize(("fields",), [(f,) for _, f in ROUND_TRIPS], ids=[i for i, _ in ROUND_TRIPS])
+def test_a_dumped_spec_loads_back_equal(fields: dict[str, object]) -> None:
+    from mlwe.core import WorkloadSpec
+
+    w = WorkloadSpec.model_validate(fields)
+    assert WorkloadSpec.model_validate(w.model_dump()) == w
+    assert WorkloadSpec.model_validate_json(w.model_dump_json()) == w
+
+
+def test_node_pools_of_an_extended_catalogue_validate_with_it() -> None:
+    from mlwe.core import DEFAULT_CATALOG, ClusterSpec, GpuModel
+
+    cat = DEFAULT_CATALOG.extend([GpuModel("X9", 8192)])
+    c = ClusterSpec.model_validate(
+        {"pools": [{"prefix": "x", "count": 2, "gpu_model": "X9", "gpus": 4}]},
+        context={"catalog": cat},
+    )
+    assert [(n.name, n.gpu_model, n.gpus) for n in c.all_nodes()] == [("x-0", "X9", 4), ("x-1", "X9", 4)]

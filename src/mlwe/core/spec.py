@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -109,6 +110,10 @@ class ReplicaResources(BaseModel):
     )
     cpu: CpuMilli = 1000
     memory: MemoryMiB = 1024
+
+    @field_serializer("gpu", "cpu")
+    def _milli(self, v: int) -> str:
+        return f"{v}m"  # exact, and reads back to the same integer
 
     @field_validator("gpu")
     @classmethod
@@ -254,6 +259,10 @@ class NodeSpec(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     status: NodeStatus = NodeStatus.READY
 
+    @field_serializer("cpu")
+    def _milli(self, v: int) -> str:
+        return f"{v}m"
+
     @field_validator("name")
     @classmethod
     def _valid_name(cls, v: str) -> str:
@@ -312,6 +321,10 @@ class ReplicaQuota(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_serializer("gpu", "cpu")
+    def _milli(self, v: int | None) -> str | None:
+        return None if v is None else f"{v}m"
+
     gpu: GpuMilli | None = None
     vram: MemoryMiB | None = None
     cpu: CpuMilli | None = None
@@ -337,14 +350,16 @@ class ClusterSpec(BaseModel):
         out = list(self.nodes)
         for pool in self.pools:
             for i in range(pool.count):
+                # the pool was validated (with its catalogue); its nodes need not be again
                 out.append(
-                    NodeSpec(
+                    NodeSpec.model_construct(
                         name=f"{pool.prefix}-{i}",
                         gpu_model=pool.gpu_model,
                         gpus=pool.gpus,
                         cpu=pool.cpu,
                         memory=pool.memory,
                         labels=dict(pool.labels),
+                        status=NodeStatus.READY,
                     )
                 )
         return out
@@ -369,6 +384,17 @@ class NodePool(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     prefix: str
+
+    @field_validator("prefix")
+    @classmethod
+    def _valid_prefix(cls, v: str) -> str:
+        checked = _check_id(f"{v}-0")
+        assert checked is not None
+        return v
+
+    @field_serializer("cpu")
+    def _milli(self, v: int) -> str:
+        return f"{v}m"
     count: int = Field(ge=1, le=100_000)
     gpu_model: str | None = None
     gpus: int = Field(default=0, ge=0, le=64)

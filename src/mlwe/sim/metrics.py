@@ -2,6 +2,13 @@
 
 Everything here is measured from what happened (transitions and the
 simulator's ground truth), never from what the policy believed.
+
+Periodic samples (every ``sample_every_s`` of simulated time, from the first
+submission on) describe the cluster *just before* the first transition at or
+after the sample time: allocation, queue, queueing delay and GPU
+fragmentation. The state they read (free devices per node, waiting requests)
+is mirrored here from the transitions themselves, so a sample costs
+O(GPU models x GPUs per node), not a scan of every node or queued workload.
 """
 
 from __future__ import annotations
@@ -9,11 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from mlwe.core.capacity import FULL, ReplicaAlloc
 from mlwe.core.controlplane import ControlPlane
-from mlwe.core.lifecycle import HOLDING, State, Transition
+from mlwe.core.lifecycle import HOLDING, QUEUED, State, Transition
 from mlwe.core.model import Workload
+from mlwe.core.spec import NodeStatus
 
 
 @dataclass(slots=True)
@@ -28,6 +37,38 @@ class JobRecord:
     finish: float | None = None
     state: str = "pending"
     preemptions: int = 0
+
+
+class Sample(NamedTuple):
+    """The cluster at one sample time (see the module docstring for the instant)."""
+
+    t: float
+    gpus_allocated: float  # GPUs held by workloads (fractions count as fractions)
+    gpu_util: float  # time-averaged allocated / total GPUs over the window since the last sample
+    queued: int  # workloads waiting (pending or preempted)
+    queued_gpu: int  # of which ask for GPUs
+    queue_delay_avg_s: float  # mean time the waiting workloads have waited so far (0: none)
+    queue_delay_max_s: float  # the longest current wait (0: none)
+    free_gpus: int  # wholly free GPUs on ready nodes
+    unusable_gpus: int  # of which no waiting GPU workload could use (see Metrics)
+    #: unusable / free, when GPU work waited and some GPU was free; None otherwise
+    fragmentation: float | None
+    #: of the unusable, those on nodes whose model some waiting workload accepts, but
+    #: with fewer free GPUs than it asks (the packing share; the rest: no taker for the model)
+    unusable_by_size_gpus: int = 0
+
+
+class Series(list[tuple[float, float, int]]):
+    """``(time, allocated GPUs, queued workloads)`` per sample, as plots always read it;
+    the richer :class:`Sample` of each lies in ``samples`` (same order, same length)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.samples: list[Sample] = []
+
+    def add(self, s: Sample) -> None:
+        self.append((s.t, s.gpus_allocated, s.queued))
+        self.samples.append(s)
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -46,16 +87,39 @@ def jain(xs: list[float]) -> float | None:
     return (sum(xs) ** 2) / (len(xs) * sq) if sq else 1.0
 
 
+#: what a waiting GPU workload needs of one node, for fragmentation: whole GPUs per
+#: replica (a fraction counts as one), accepted models, minimum VRAM per GPU
+_Request = tuple[int, tuple[str, ...], int]
+
+
 @dataclass
 class Metrics:
+    """Collects a replay's metrics.
+
+    Fragmentation ("GPUs free but unusable"): at each sample where GPU work
+    waits, a wholly free GPU on a ready node is *unusable* when the node has
+    fewer whole free GPUs than the smallest per-replica request (in whole GPUs)
+    among the waiting workloads that accept the node's GPU model (accepted
+    models and minimum VRAM as the scheduler reads them; CPU, RAM, node
+    selectors and gang size are not considered). ``fragmentation_avg`` is the
+    mean of unusable / free over the samples where GPU work waited and at
+    least one GPU was wholly free. ``fragmentation_by_size_avg`` keeps only
+    the packing share: GPUs on nodes whose model some waiting workload accepts
+    but that have too few free for it (the rest sit on models nobody waiting
+    accepts). Fractional GPU requests count as one whole GPU; nodes not ready
+    are left out (readiness is read when the sample is taken: no transition
+    announces it); CPU-only waiting work does not count as waiting here.
+    """
+
     cp: ControlPlane
     durations: Mapping[str, float]
     total_gpus: float
     sample_every_s: float = 600.0
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     preemptions: int = 0
-    #: (time, allocated GPUs, queued workloads) samples for plots
-    series: list[tuple[float, float, int]] = field(default_factory=list)
+    #: samples for plots: ``(time, allocated GPUs, queued workloads)`` tuples, with the
+    #: full :class:`Sample` of each in ``series.samples``
+    series: Series = field(default_factory=Series)
 
     def __post_init__(self) -> None:
         self._alloc = 0.0
@@ -63,23 +127,222 @@ class Metrics:
         self._last = 0.0
         self._next_sample = 0.0
         self._first_submit: float | None = None
+        self._win_area = 0.0  # allocated GPU-seconds since the last sample
+        self._win_last = 0.0
+        self._prev_sample: float | None = None
+        # mirror of the state samples read, kept from transitions
+        self._waiting: dict[str, float] = {}  # queued id -> when it entered the queue
+        self._wait_sum = 0.0
+        self._request_of: dict[str, _Request] = {}  # queued GPU workload -> its request
+        self._requests: dict[_Request, int] = {}  # distinct waiting requests -> how many
+        self._held: dict[str, tuple[ReplicaAlloc, ...]] = {}  # holding id -> its placement
+        self._dev: dict[str, list[int]] = {}  # GPU node -> free milli-GPU per device
+        self._whole: dict[str, int] = {}  # GPU node -> wholly free devices
+        self._model: dict[str, str] = {}  # GPU node -> its model
+        self._hist: dict[str, list[int]] = {}  # model -> nodes by wholly free devices
+        self._not_ready: list[str] = []  # GPU nodes not schedulable
+        self._node_epoch: tuple[int, int] = (-1, -1)
+        self._accepts: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = {}
+        cp = self.cp
+        for info in cp.capacity.nodes():
+            if info.gpu_model is not None:
+                self._add_node(info.name, info.gpu_model, list(cp.capacity.free_devices(info.name)))
+        for w in cp.workloads.values():  # metrics attached to a live control plane
+            if w.state in HOLDING:
+                self._held[w.id] = w.placement
+            elif w.state in QUEUED:
+                self._enqueue(w, w.history[-1].time if w.history else w.submit_time)
         self.cp.listeners.append(self._on)
 
+    # ------------------------------------------------------------ mirrored state
+    def _add_node(self, node: str, model: str, dev: list[int]) -> None:
+        whole = sum(1 for d in dev if d == FULL)
+        self._dev[node] = dev
+        self._whole[node] = whole
+        self._model[node] = model
+        h = self._hist.setdefault(model, [])
+        if len(h) <= len(dev):
+            h.extend([0] * (len(dev) + 1 - len(h)))
+        h[whole] += 1
+
+    def _devices(self, node: str) -> list[int] | None:
+        dev = self._dev.get(node)
+        if dev is None:
+            info = self.cp.capacity.info(node)
+            if info.gpu_model is None:
+                return None
+            # a node added after we started: nothing was held on it before this
+            self._add_node(node, info.gpu_model, [FULL] * info.gpu_count)
+            dev = self._dev[node]
+        return dev
+
+    def _shift(self, allocs: tuple[ReplicaAlloc, ...], sign: int) -> None:
+        for a in allocs:
+            if not a.devices:
+                continue
+            dev = self._devices(a.node)
+            if dev is None:
+                continue
+            old = self._whole[a.node]
+            new = old
+            for d in a.devices:
+                before = dev[d]
+                dev[d] = after = before - sign * a.gpu_per_device
+                new += (after == FULL) - (before == FULL)
+            if new != old:
+                self._whole[a.node] = new
+                h = self._hist[self._model[a.node]]
+                h[old] -= 1
+                h[new] += 1
+
+    def _enqueue(self, w: Workload, t: float) -> None:
+        self._waiting[w.id] = t
+        self._wait_sum += t
+        spec = w.spec
+        gpu = spec.resources.gpu
+        if gpu:
+            req = (-(-gpu // FULL), spec.gpu_models, spec.min_vram_per_gpu)
+            self._request_of[w.id] = req
+            self._requests[req] = self._requests.get(req, 0) + 1
+
+    def _dequeue(self, w: Workload) -> None:
+        t = self._waiting.pop(w.id, None)
+        if t is None:
+            return
+        self._wait_sum = self._wait_sum - t if self._waiting else 0.0
+        req = self._request_of.pop(w.id, None)
+        if req is not None:
+            n = self._requests[req] - 1
+            if n:
+                self._requests[req] = n
+            else:
+                del self._requests[req]
+
+    # ------------------------------------------------------------------ samples
+    def _refresh_nodes(self) -> None:
+        """Node additions and status changes (no transitions announce them)."""
+        counters = self.cp.counters
+        epoch = (counters.get("add-node", 0), counters.get("set-node-status", 0))
+        if epoch == self._node_epoch:
+            return
+        if epoch[0] != self._node_epoch[0]:
+            self._accepts.clear()
+        self._node_epoch = epoch
+        cap = self.cp.capacity
+        for info in cap.nodes():
+            if info.gpu_model is not None:
+                self._devices(info.name)
+        self._not_ready = [n for n in self._dev if cap.status(n) is not NodeStatus.READY]
+
+    def _accepted(self, models: tuple[str, ...], min_vram: int) -> tuple[str, ...]:
+        key = (models, min_vram)
+        got = self._accepts.get(key)
+        if got is None:
+            catalog = self.cp.catalog
+            present = self._hist.keys()
+            names = models or tuple(present)
+            got = tuple(
+                m for m in names
+                if m in present and (g := catalog.get(m)) is not None and g.vram_mib >= min_vram
+            )
+            self._accepts[key] = got
+        return got
+
+    def _sample(self, s: float) -> None:
+        self._refresh_nodes()
+        # the smallest waiting request each GPU model could serve, once per sample
+        smallest: dict[str, int] = {}
+        for (g, models, min_vram) in self._requests:
+            for m in self._accepted(models, min_vram):
+                if g < smallest.get(m, 1 << 30):
+                    smallest[m] = g
+        free = unusable = by_size = 0
+        for model, hist in self._hist.items():
+            need = smallest.get(model)
+            for k in range(1, len(hist)):
+                n = hist[k]
+                if n:
+                    free += k * n
+                    if need is None:
+                        unusable += k * n
+                    elif k < need:
+                        unusable += k * n
+                        by_size += k * n
+        for node in self._not_ready:
+            k = self._whole[node]
+            free -= k
+            need = smallest.get(self._model[node])
+            if need is None:
+                unusable -= k
+            elif k < need:
+                unusable -= k
+                by_size -= k
+        queued_gpu = len(self._request_of)
+        if not queued_gpu:
+            unusable = by_size = 0  # nothing waits for a GPU: no free GPU is refused to anyone
+        frag = unusable / free if queued_gpu and free else None
+        n = len(self._waiting)
+        if n:
+            delay_avg = max(0.0, s - self._wait_sum / n)
+            delay_max = s - next(iter(self._waiting.values()))  # entered in time order
+        else:
+            delay_avg = delay_max = 0.0
+        total = self.total_gpus
+        prev = self._prev_sample
+        if not total:
+            util = 0.0
+        elif prev is not None and s > prev:
+            util = self._win_area / (total * (s - prev))
+        else:
+            util = self._alloc / total
+        self._win_area = 0.0
+        self._prev_sample = s
+        self.series.add(
+            Sample(s, self._alloc, util, n, queued_gpu, delay_avg, delay_max, free, unusable, frag,
+                   by_size)
+        )
+
     def _advance(self, t: float) -> None:
+        if self._first_submit is not None:
+            every = self.sample_every_s
+            while t >= self._next_sample:
+                s = self._next_sample
+                self._win_area += self._alloc * (s - self._win_last)
+                self._win_last = s
+                self._sample(s)
+                self._next_sample = s + every
         self._area += self._alloc * (t - self._last)
         self._last = t
-        while t >= self._next_sample:
-            self.series.append((self._next_sample, self._alloc, len(self.cp.queued)))
-            self._next_sample += self.sample_every_s
+        self._win_area += self._alloc * (t - self._win_last)
+        self._win_last = t
 
+    # -------------------------------------------------------------- transitions
     def _on(self, w: Workload, tr: Transition) -> None:
         t = tr.time
-        self._advance(t)
         src, dst = tr.source, tr.target
+        if src is None and self._first_submit is None:
+            # samples start at the first submission, with the state just before it
+            self._first_submit = t
+            self._next_sample = t
+            self._win_last = t
+            self._win_area = 0.0
+        self._advance(t)
+        queued_before = src in QUEUED
+        queued_after = dst in QUEUED
+        if queued_after and not queued_before:
+            self._enqueue(w, t)
+        elif queued_before and not queued_after:
+            self._dequeue(w)
+        entering = dst in HOLDING and src not in HOLDING
+        leaving = src in HOLDING and dst not in HOLDING
+        if entering:
+            # listeners run after the whole batch: the placement is the batch's final one
+            # (empty if the same batch also released it, and then nothing is given back)
+            self._held[w.id] = w.placement
+            self._shift(w.placement, 1)
+        elif leaving:
+            self._shift(self._held.pop(w.id, ()), -1)
         if src is None:
-            if self._first_submit is None:
-                self._first_submit = t
-                self._next_sample = t
             self.jobs[w.id] = JobRecord(
                 submit=t, deadline=w.deadline, priority=w.priority, queue=w.queue,
                 gpus=w.gpus(), duration=self.durations.get(w.id, 0.0),
@@ -89,8 +352,6 @@ class Metrics:
         if rec is None:
             return
         rec.state = dst.value
-        entering = dst in HOLDING and src not in HOLDING
-        leaving = src in HOLDING and dst not in HOLDING
         if entering:
             self._alloc += rec.gpus
         elif leaving:
@@ -105,6 +366,12 @@ class Metrics:
         ):
             rec.finish = t
 
+    def free_devices_mirror(self) -> dict[str, tuple[int, ...]]:
+        """Free milli-GPU per device of every GPU node, as the samples see it (for checks
+        against the control plane's own index)."""
+        return {node: tuple(dev) for node, dev in self._dev.items()}
+
+    # ------------------------------------------------------------------ summary
     def summary(self, end: float, lost_gpu_s: float) -> dict[str, Any]:
         self._advance(end)
         done = [r for r in self.jobs.values() if r.state == "succeeded" and r.finish is not None]
@@ -116,15 +383,20 @@ class Metrics:
         with_dl = [r for r in self.jobs.values() if r.deadline is not None]
         met = [r for r in with_dl if r.finish is not None and r.state == "succeeded" and r.finish <= r.deadline]  # type: ignore[operator]
         by_prio: dict[int, list[bool]] = {}
+        outcomes: dict[int, dict[str, int]] = {}
         for r in with_dl:
             ok = r.finish is not None and r.state == "succeeded" and r.finish <= r.deadline  # type: ignore[operator]
             by_prio.setdefault(r.priority, []).append(ok)
+            o = outcomes.setdefault(r.priority, {"met": 0, "late": 0, "unfinished": 0})
+            o["met" if ok else "late" if r.state == "succeeded" else "unfinished"] += 1
         queues: dict[str, list[float]] = {}
         for r in done:
             if r.finish is not None and r.duration > 0:
                 queues.setdefault(r.queue, []).append((r.finish - r.submit) / r.duration)
         slowdowns = [sum(v) / len(v) for v in queues.values()]
         span = max(1e-9, end - first)
+        samples = self.series.samples
+        fragmented = [s for s in samples if s.fragmentation is not None]
         return {
             "jobs": len(self.jobs),
             "completed": len(done),
@@ -144,6 +416,33 @@ class Metrics:
             "preemptions": self.preemptions,
             "gpu_hours_lost_to_preemption": round(lost_gpu_s / 3600, 3),
             "queue_fairness_jain": _r(jain(slowdowns)),
+            # added with the replay report; the keys above keep their meaning and rounding
+            "deadline_met": len(met),
+            "deadline_missed": len(with_dl) - len(met),
+            #: per priority: met, late (succeeded after the deadline), unfinished (did not
+            #: succeed by the end of the replay: still waiting or running, failed, cancelled)
+            "deadline_outcomes_by_priority": {
+                str(p): dict(o) for p, o in sorted(outcomes.items())
+            } or None,
+            "sample_every_s": self.sample_every_s,
+            "samples": len(samples),
+            "queue_len_avg": _r(sum(s.queued for s in samples) / len(samples)) if samples else None,
+            "queue_len_max": max((s.queued for s in samples), default=0),
+            "fragmentation_avg": (
+                round(sum(s.fragmentation or 0.0 for s in fragmented) / len(fragmented), 6)
+                if fragmented else None
+            ),
+            #: the packing share of it: free GPUs on nodes of a model some waiting workload
+            #: accepts, too few for the smallest such request (see Sample)
+            "fragmentation_by_size_avg": (
+                round(sum(s.unusable_by_size_gpus / s.free_gpus for s in fragmented)
+                      / len(fragmented), 6)
+                if fragmented else None
+            ),
+            "fragmentation_unusable_gpus_avg": (
+                _r(sum(s.unusable_gpus for s in fragmented) / len(fragmented)) if fragmented else None
+            ),
+            "fragmentation_samples": len(fragmented),
         }
 
 

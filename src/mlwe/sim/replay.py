@@ -89,6 +89,13 @@ def replay(trace: Trace, config: ReplayConfig | None = None) -> ReplayResult:
     def noop(_: Any) -> None:
         return None
 
+    # a policy that acts by time alone (a LAS demotion) names its next moment
+    policy_wakeup = getattr(scheduler, "next_wakeup", None)
+    policy_wakeups: set[float] = set()
+
+    def wake(_: Any) -> None:
+        rec.dirty = True
+
     def on_quiet(t: float) -> None:
         while True:
             rec.handle(backend.poll())
@@ -105,6 +112,10 @@ def replay(trace: Trace, config: ReplayConfig | None = None) -> ReplayResult:
         if nxt is not None and nxt > t and nxt not in wakeups:
             wakeups.add(nxt)
             kernel.at(nxt, noop)
+        due = policy_wakeup(cp) if policy_wakeup is not None else None
+        if due is not None and due > t and due not in policy_wakeups:
+            policy_wakeups.add(due)
+            kernel.at(due, wake)
         if cfg.progress is not None:
             cfg.progress(t, len(metrics.jobs), kernel.events)
 

@@ -53,7 +53,10 @@ class PriorityDeadlineFairShare:
     fair share (least used first), then arrival.
 
     Slack only counts once it is below ``urgency_horizon_s``: a deadline a week
-    away does not jump ahead of work that has waited.
+    away does not jump ahead of work that has waited. A deadline that can no
+    longer be met (slack below zero by the user's own estimate, or already past)
+    earns no precedence: favouring a lost cause would only make other deadlines
+    miss too. Such work is ordered like work without a deadline.
     """
 
     name = "priority-deadline-fairshare"
@@ -69,7 +72,8 @@ class PriorityDeadlineFairShare:
 
         def key(w: Workload) -> tuple[int, float, float, int]:
             s = slack(w, now)
-            return (-w.priority, s if s < horizon else INF, shares.get(w.queue, 0.0), w.seq)
+            urgent = 0.0 <= s < horizon
+            return (-w.priority, s if urgent else INF, shares.get(w.queue, 0.0), w.seq)
 
         return sorted(queued, key=key)
 
