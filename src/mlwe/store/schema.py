@@ -1,0 +1,175 @@
+"""The database schema (SQLAlchemy Core). Alembic migrations are generated from it.
+
+Bump ``SCHEMA_VERSION`` together with a new migration in ``store/migrations``.
+JSON documents are stored as text (portable across SQLite and PostgreSQL) after
+the credential sanitizer has run on them.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+#: The Alembic revision this code expects; the engine refuses any other.
+SCHEMA_VERSION = "0001"
+
+metadata = MetaData()
+
+workloads = Table(
+    "workloads",
+    metadata,
+    Column("id", String(128), primary_key=True),
+    Column("seq", BigInteger, nullable=False),  # arrival order
+    Column("spec", Text, nullable=False),  # WorkloadSpec JSON (sanitised)
+    Column("submit_time", Float, nullable=False),
+    Column("deadline", Float),
+    Column("state", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("failures", Integer, nullable=False, default=0),
+    Column("work_done", Float, nullable=False, default=0.0),
+    Column("progress", Float, nullable=False, default=0.0),
+    Column("priority_override", Integer),
+    Column("placement", Text, nullable=False, default="[]"),  # JSON list of replica allocs
+    Column("started_at", Float),
+    Column("failure_cause", String(64)),
+    Column("correlation_id", String(256)),  # as wide as every other correlation/cause id
+    Column("updated_version", BigInteger, nullable=False, default=0),
+    # the rest of the control plane's record, so a recovered workload is identical
+    Column("run_base_work", Float, nullable=False, default=0.0),
+    Column("last_checkpoint_at", Float),
+    Column("preempted_by", String(128)),
+    Column("victims", Text, nullable=False, default="[]"),  # JSON list of workload ids
+    Column("preemptions", Integer, nullable=False, default=0),
+    Column("borrowing", Boolean, nullable=False, default=False),
+    Column("pending_reason", Text, nullable=False, default=""),
+    Column("exit_code", Integer),
+)
+Index("ix_workloads_state", workloads.c.state)
+
+transitions = Table(
+    "transitions",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("workload_id", String(128), nullable=False),
+    # position in the workload's history: with the unique index below, a write retried
+    # after a commit whose outcome was unknown cannot store a transition twice
+    Column("step", Integer, nullable=False),
+    Column("time", Float, nullable=False),
+    Column("source", String(16)),
+    Column("target", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("cause_id", String(256)),
+)
+Index("ix_transitions_workload", transitions.c.workload_id)
+Index("ux_transitions_workload_step", transitions.c.workload_id, transitions.c.step, unique=True)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("spec", Text, nullable=False),  # NodeSpec JSON
+    Column("status", String(16), nullable=False),
+    # order the node was added in: placement tie-breaks depend on it, so recovery keeps it
+    Column("position", Integer, nullable=False, default=0),
+)
+
+queues = Table(
+    "queues",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("spec", Text, nullable=False),  # QueueSpec JSON
+)
+
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("seq", BigInteger, primary_key=True),
+    Column("time", Float, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("workload", String(128), nullable=False),
+    Column("cause_id", String(256)),
+    Column("record", Text, nullable=False),  # DecisionRecord JSON
+)
+Index("ix_decisions_workload", decisions.c.workload)
+Index("ix_decisions_cause", decisions.c.cause_id)
+
+reasoning = Table(
+    "reasoning",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("time", Float, nullable=False),
+    Column("correlation_id", String(256)),
+    Column("record", Text, nullable=False),  # agent reasoning trace JSON
+)
+
+telemetry = Table(
+    "telemetry",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("time", Float, nullable=False),
+    Column("node", String(128), nullable=False),
+    Column("workload", String(128)),
+    Column("resolution_s", Integer, nullable=False),  # downsampling bucket
+    Column("metrics", Text, nullable=False),
+)
+Index("ix_telemetry_time", telemetry.c.time)
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("version", BigInteger, primary_key=True),
+    Column("time", Float, nullable=False),
+    Column("state", Text, nullable=False),
+)
+
+processed_events = Table(
+    "processed_events",
+    metadata,
+    Column("event_id", String(256), primary_key=True),
+    Column("processed_at", Float, nullable=False),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("event_id", String(256), primary_key=True),
+    Column("time", Float, nullable=False),
+    Column("subject", String(256), nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("error", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("replayed", Boolean, nullable=False, default=False),
+)
+
+audit = Table(
+    "audit",
+    metadata,
+    Column("seq", BigInteger, primary_key=True),
+    Column("time", Float, nullable=False),
+    Column("kind", String(32), nullable=False),  # decision, proposal, operator, config
+    Column("actor", String(128), nullable=False),
+    Column("workload", String(128)),
+    Column("correlation_id", String(256)),
+    Column("payload", Text, nullable=False),  # canonical JSON (sanitised)
+    Column("prev_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False),
+)
+Index("ix_audit_workload", audit.c.workload)
+Index("ix_audit_correlation", audit.c.correlation_id)
+
+meta_kv = Table(
+    "meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
