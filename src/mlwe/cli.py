@@ -24,6 +24,20 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks that print figures (not tests).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+db_app = typer.Typer(help="The engine's database: schema migrations.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+audit_app = typer.Typer(help="The tamper-evident decision audit.", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
+events_app = typer.Typer(help="Event ingress: dead letters and replay.", no_args_is_help=True)
+app.add_typer(events_app, name="events")
+
+DataDir = Annotated[
+    Path | None, typer.Option("--data-dir", help="data directory of the default SQLite store (./.mlwe)")
+]
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option("--database-url", help="SQLAlchemy URL; default $MLWE_DATABASE_URL or SQLite"),
+]
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -266,6 +280,150 @@ def bench_kernel_cmd(
 
     result = bench_kernel(events)
     print(json.dumps(result) if as_json else result)
+
+
+def _store(data_dir: Path | None, database_url: str | None, *, check: bool = True):  # type: ignore[no-untyped-def]
+    from mlwe.store.db import SchemaError, check_schema, make_engine
+    from mlwe.store.db import database_url as resolve
+
+    url = resolve(data_dir=data_dir, url=database_url)
+    engine = make_engine(url)
+    if check:
+        try:
+            check_schema(engine)
+        except SchemaError as exc:
+            err.print(f"error: {exc}", markup=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+    return engine
+
+
+@db_app.command("upgrade")
+def db_upgrade(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
+    """Create or migrate the schema to the version this mlwe needs."""
+    from mlwe.store.db import current_revision, migrate, redact_url
+
+    engine = _store(data_dir, database_url, check=False)
+    before = current_revision(engine)
+    migrate(engine)
+    out.print(f"{redact_url(str(engine.url))}: {before or 'empty'} -> {current_revision(engine)}",
+              markup=False)
+
+
+@audit_app.command("verify")
+def audit_verify(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
+    """Check the hash chain; name the first record that does not fit."""
+    from mlwe.store.audit import AuditLog
+
+    result = AuditLog(_store(data_dir, database_url)).verify()
+    if result.ok:
+        out.print(f"audit chain ok: {result.checked} records, head {result.head_hash[:16]}")
+        return
+    err.print(f"audit chain BROKEN at record {result.first_bad_seq}: {result.reason}"
+              f" ({result.checked} records verified before it)", markup=False)
+    raise typer.Exit(1)
+
+
+@audit_app.command("show")
+def audit_show(
+    workload: Annotated[str | None, typer.Option(help="records about this workload")] = None,
+    correlation: Annotated[str | None, typer.Option(help="records with this correlation id")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Why: the audit records of a workload or of one correlation id."""
+    from mlwe.store.audit import AuditLog
+
+    if workload is None and correlation is None:
+        err.print("give --workload ID or --correlation ID")
+        raise typer.Exit(2)
+    entries = AuditLog(_store(data_dir, database_url)).show(
+        workload=workload, correlation_id=correlation, limit=limit
+    )
+    for e in entries:
+        if as_json:
+            print(json.dumps({"seq": e.seq, "time": e.time, "kind": e.kind, "actor": e.actor,
+                              "workload": e.workload, "correlation_id": e.correlation_id,
+                              "payload": e.data()}, sort_keys=True))
+        else:
+            out.print(e.line(), markup=False, soft_wrap=True)
+    if not entries:
+        err.print("no audit records match")
+
+
+@events_app.command("dead-letters")
+def events_dead_letters(
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """List events that failed every retry."""
+    from mlwe.bus.consumer import dead_letters
+
+    rows = dead_letters(_store(data_dir, database_url))
+    if as_json:
+        print(json.dumps([{"event_id": d.event_id, "time": d.time, "subject": d.subject,
+                           "error": d.error, "attempts": d.attempts, "replayed": d.replayed,
+                           "processed": d.processed} for d in rows], sort_keys=True))
+        return
+    table = Table(title=f"dead letters ({len(rows)})")
+    for col in ("event", "subject", "attempts", "replayed", "processed", "error"):
+        table.add_column(col)
+    for d in rows:
+        table.add_row(d.event_id, d.subject, str(d.attempts), str(d.replayed), str(d.processed),
+                      d.error[:120])
+    out.print(table)
+
+
+@events_app.command("replay")
+def events_replay(
+    event_id: Annotated[str, typer.Argument(help="id of a dead-lettered event")],
+    bus: Annotated[str, typer.Option(help="NATS URL of the engine's bus")] = "nats://127.0.0.1:4222",
+    prefix: Annotated[str, typer.Option(help="subject prefix of the engine's stream")] = "mlwe",
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Publish a dead-lettered event again, with its original id and correlation id."""
+    import asyncio
+
+    from mlwe.bus.consumer import replay_dead_letter
+    from mlwe.bus.nats import NatsBus
+
+    engine = _store(data_dir, database_url)
+
+    async def run() -> str:
+        nb = await NatsBus.connect(bus, prefix=prefix)
+        try:
+            env = await replay_dead_letter(engine, nb, event_id)
+        finally:
+            await nb.close()
+        return env.id
+
+    try:
+        replayed = asyncio.run(run())
+    except KeyError:
+        err.print(f"no dead letter with id {event_id!r}")
+        raise typer.Exit(2) from None
+    out.print(f"replayed {replayed}")
+
+
+@bench_app.command("store")
+def bench_store_cmd(
+    backend: Annotated[str, typer.Option(help="sqlite or postgres")] = "sqlite",
+    submit: Annotated[int, typer.Option(min=1, help="submissions to time")] = 5000,
+    recover: Annotated[int, typer.Option(min=1, help="stored workloads to recover")] = 100_000,
+    url: Annotated[str | None, typer.Option(help="database URL (postgres)")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Durable submissions per second and recovery time of the store."""
+    from mlwe.store.bench import bench_store
+
+    if backend not in ("sqlite", "postgres"):
+        err.print("--backend must be sqlite or postgres")
+        raise typer.Exit(2)
+    result = bench_store(backend, submit, recover, url=url, verbose=not as_json)
+    print(json.dumps(result, sort_keys=True) if as_json else result)
 
 
 @bench_app.command("core")

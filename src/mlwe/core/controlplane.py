@@ -131,6 +131,9 @@ class ControlPlane:
         self.listeners: list[Callable[[Workload, Transition], None]] = []
         #: Called with every stamped decision record (the store, the audit log, streams).
         self.decision_listeners: list[Callable[[DecisionRecord], None]] = []
+        #: Called after every applied batch that changed state, with its actions and
+        #: result (the store persists what changed beyond lifecycle transitions).
+        self.batch_listeners: list[Callable[[Sequence[Action], ApplyResult], None]] = []
         self._sink = decision_sink
         self._decision_seq = 0
         self._seq = 0
@@ -289,7 +292,10 @@ class ControlPlane:
             self.counters[a.kind] = self.counters.get(a.kind, 0) + 1
         for rec in decisions:
             self.record(rec if rec.cause_id or cause_id is None else _with_cause(rec, cause_id))
-        return ApplyResult(True, self.version, (), False, tuple(txn.ignored), tuple(txn.created))
+        result = ApplyResult(True, self.version, (), False, tuple(txn.ignored), tuple(txn.created))
+        for batch_listener in self.batch_listeners:
+            batch_listener(actions, result)
+        return result
 
     def _remember_event(self, event_id: str) -> None:
         self._events[event_id] = self.version
