@@ -666,7 +666,7 @@ def test_synthetic_mix_and_honest_estimates() -> None:
             assert j.spec.gpu_models == ("A100-80GB", "H100-80GB")
             assert j.spec.priority in (100, 500)
             assert j.spec.deadline is not None
-            assert 1.2 * est <= j.spec.deadline - j.submit_time <= 2.0 * est
+            assert est * 1.2 <= j.spec.deadline - j.submit_time <= est * 2.0
             assert (
                 j.spec.checkpoint_interval is not None and 900 <= j.spec.checkpoint_interval <= 1800
             )
