@@ -28,18 +28,24 @@ class StartCommand:
     placement: tuple[ReplicaAlloc, ...]
     spec: WorkloadSpec
     resume_work_s: float = 0.0  # seconds of work already saved in checkpoints
+    correlation_id: str | None = None  # the story this start belongs to (the submission's)
     kind = "start"
 
 
 @dataclass(frozen=True, slots=True)
 class StopCommand:
-    """Ask a workload to checkpoint and stop within ``grace_s``, then force it."""
+    """Ask a workload to checkpoint and stop within ``grace_s``, then force it.
+
+    ``grace_s == 0`` is a force-stop: no checkpoint is waited for. ``reason`` is
+    "preempt", "cancel", or "orphan" (running on the backend but unknown to the
+    engine, found when reconciling after a restart)."""
 
     request_id: str
     workload: str
     attempt: int
     grace_s: float
-    reason: str  # "preempt" | "cancel"
+    reason: str
+    correlation_id: str | None = None
     kind = "stop"
 
 
@@ -80,6 +86,15 @@ class Telemetry:
     declared: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class RunningAttempt:
+    """What a backend says it is running now (asked once after an engine restart)."""
+
+    workload: str
+    attempt: int
+    nodes: tuple[str, ...]
+
+
 class Backend(Protocol):
     name: str
 
@@ -89,4 +104,19 @@ class Backend(Protocol):
 
     def poll(self) -> list[Event]:
         """Events that happened since the last poll, in order."""
+        ...
+
+    def drain_telemetry(self) -> list[Telemetry]:
+        """Telemetry samples taken since the last call, oldest first."""
+        ...
+
+    def inventory(self) -> list[RunningAttempt]:
+        """Every attempt the backend holds resources for right now.
+
+        The engine calls it after a restart to reconcile the stored state with
+        reality: adopt what runs, stop orphans, requeue what vanished."""
+        ...
+
+    def close(self) -> None:
+        """Stop everything the backend started for this engine and free it."""
         ...

@@ -34,6 +34,11 @@ def _jitter(key: str) -> float:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big") / 2**32
 
 
+def correlation_of(w: Workload) -> str | None:
+    """The correlation id of a workload's story: the cause of its submission."""
+    return w.history[0].cause_id if w.history else None
+
+
 class Reconciler:
     def __init__(
         self,
@@ -82,6 +87,30 @@ class Reconciler:
             tr.source in HOLDING and target not in HOLDING
         ):
             self.dirty = True  # new work, or capacity came back: worth a cycle
+
+    def resume(self) -> None:
+        """Re-derive what is owed to the backend after a restart from the store.
+
+        Admitted workloads still need their start, preempting and stopping ones
+        their stop; failed ones with retries left get their retry scheduled
+        again (from now: the backoff already waited before the crash is not
+        known). Starting and running ones are the runtime's business: it asks
+        the backend what really runs."""
+        now = self.cp.now()
+        for w in self.cp.workloads.values():
+            st = w.state
+            if st is State.ADMITTED:
+                self._to_start[w.id] = None
+            elif st is State.PREEMPTING:
+                self._to_stop[w.id] = "preempt"
+            elif st is State.STOPPING:
+                self._to_stop[w.id] = "cancel"
+            elif st is State.FAILED and (
+                w.failures <= w.spec.max_retries or w.failure_cause in NOT_ITS_FAULT
+            ):
+                self._seq += 1
+                heapq.heappush(self._retries, (now, self._seq, w.id))
+        self.dirty = True
 
     # ------------------------------------------------------------------ events
     def handle(self, events: Sequence[Event]) -> None:
@@ -169,6 +198,7 @@ class Reconciler:
                                 placement=w.placement,
                                 spec=w.spec,
                                 resume_work_s=w.work_done,
+                                correlation_id=correlation_of(w),
                             )
                         )
         if self._to_stop:
@@ -182,6 +212,7 @@ class Reconciler:
                             attempt=w.attempt,
                             grace_s=self.grace_s,
                             reason=reason,
+                            correlation_id=correlation_of(w),
                         )
                     )
             self._to_stop.clear()

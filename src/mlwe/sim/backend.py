@@ -29,6 +29,7 @@ from mlwe.core.backend import (
     Fact,
     NodeDown,
     NodeUp,
+    RunningAttempt,
     StartCommand,
     StopCommand,
     Telemetry,
@@ -90,6 +91,22 @@ class SimBackend:
     def poll(self) -> list[Event]:
         out, self._out = self._out, []
         return out
+
+    def drain_telemetry(self) -> list[Telemetry]:
+        out, self.telemetry = self.telemetry, []
+        return out
+
+    def inventory(self) -> list[RunningAttempt]:
+        return [
+            RunningAttempt(r.workload, r.attempt, r.nodes)
+            for r in self._runs.values()
+            if not r.finished
+        ]
+
+    def close(self) -> None:
+        for run in list(self._runs.values()):
+            if not run.finished:
+                self._end(run)
 
     # ------------------------------------------------------------------ events
     def _emit(self, fact: Fact) -> None:

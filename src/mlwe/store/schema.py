@@ -21,7 +21,7 @@ from sqlalchemy import (
 )
 
 #: The Alembic revision this code expects; the engine refuses any other.
-SCHEMA_VERSION = "0001"
+SCHEMA_VERSION = "0002"
 
 metadata = MetaData()
 
@@ -172,4 +172,77 @@ meta_kv = Table(
     metadata,
     Column("key", String(64), primary_key=True),
     Column("value", Text, nullable=False),
+)
+
+
+# ------------------------------------------------------------ revision 0002
+# Multi-step workflows (rescheduling, failure recovery): persisted so that a
+# crash mid-workflow resumes at the right step.
+workflows = Table(
+    "workflows",
+    metadata,
+    Column("id", String(128), primary_key=True),
+    Column("kind", String(64), nullable=False),
+    Column("correlation_id", String(256)),
+    Column("status", String(16), nullable=False),  # running, done, failed, compensated
+    Column("step", Integer, nullable=False, default=0),
+    Column("data", Text, nullable=False),  # JSON (sanitised)
+    Column("created", Float, nullable=False),
+    Column("updated", Float, nullable=False),
+)
+Index("ix_workflows_status", workflows.c.status)
+
+# API bearer tokens: only a hash of each token is stored.
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(128), nullable=False),
+    Column("role", String(16), nullable=False),  # viewer, submitter, operator, admin
+    Column("token_hash", String(128), nullable=False, unique=True),
+    Column("created", Float, nullable=False),
+    Column("revoked", Boolean, nullable=False, default=False),
+)
+
+# ML pipelines: runs, their steps, and the model registry.
+pipeline_runs = Table(
+    "pipeline_runs",
+    metadata,
+    Column("id", String(128), primary_key=True),
+    Column("pipeline", String(128), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("correlation_id", String(256)),
+    Column("spec", Text, nullable=False),  # pipeline spec JSON
+    Column("params", Text, nullable=False),
+    Column("metrics", Text, nullable=False),
+    Column("artifacts", Text, nullable=False),
+    Column("created", Float, nullable=False),
+    Column("updated", Float, nullable=False),
+)
+Index("ix_pipeline_runs_pipeline", pipeline_runs.c.pipeline)
+
+pipeline_steps = Table(
+    "pipeline_steps",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("step", String(128), primary_key=True),
+    Column("workload_id", String(128)),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("metrics", Text, nullable=False),
+    Column("outputs", Text, nullable=False),
+    Column("started", Float),
+    Column("finished", Float),
+)
+
+models = Table(
+    "models",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("stage", String(16), nullable=False),  # candidate, production, archived
+    Column("run_id", String(128)),
+    Column("path", Text, nullable=False),
+    Column("metrics", Text, nullable=False),
+    Column("created", Float, nullable=False),
 )
