@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup run demo test lint typecheck imports unit bench clean
+.PHONY: setup chromium run demo test lint typecheck imports unit bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,7 +13,14 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) chromium
+
+# The dashboard's browser test drives Chromium from the OS packages (Playwright's own
+# browser download needs the internet at run time). Installed only when missing.
+chromium:
+	@test -x /usr/bin/chromium || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+	  || echo "chromium missing and not root: run 'sudo apt-get install chromium'" >&2
 
 run: $(STAMP)
 	@$(VENV)/bin/mlwe demo
@@ -29,7 +36,7 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-unit: $(STAMP)
+unit: $(STAMP) chromium
 	$(VENV)/bin/pytest
 
 test: lint typecheck imports unit
