@@ -49,6 +49,9 @@ DEFAULT_PRIORITY_CLASSES: Final[Mapping[str, int]] = MappingProxyType(
 )
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Environment variables a backend sets for every workload (MLWE_* too): a spec may not.
+RESERVED_ENV: Final = frozenset({"CUDA_VISIBLE_DEVICES"})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -162,11 +165,45 @@ class WorkloadSpec(BaseModel):
     min_progress: float = Field(default=0.0, ge=0.0, le=1.0)
     max_retries: int = Field(default=3, ge=0, le=100)
     labels: dict[str, str] = Field(default_factory=dict)
+    command: tuple[str, ...] = Field(
+        default=(),
+        max_length=4096,
+        description="program and arguments a real backend runs (an argv, no shell);"
+        " empty: nothing to run (the simulator does not need one)",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="extra environment variables for the program"
+    )
 
     @field_validator("id")
     @classmethod
     def _valid_id(cls, v: str | None) -> str | None:
         return _check_id(v)
+
+    @field_validator("command")
+    @classmethod
+    def _valid_command(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if v and not v[0].strip():
+            raise ValueError("command[0] (the program) must not be empty")
+        for i, arg in enumerate(v):
+            if "\x00" in arg:
+                raise ValueError(f"command[{i}] contains a NUL character")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _valid_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(
+                    f"environment variable name {key!r} must be letters, digits and '_',"
+                    " not starting with a digit"
+                )
+            if key in RESERVED_ENV or key.startswith("MLWE_"):
+                raise ValueError(f"environment variable {key} is set by the engine; do not set it")
+            if "\x00" in value:
+                raise ValueError(f"environment variable {key} contains a NUL character")
+        return v
 
     @field_validator("name")
     @classmethod
