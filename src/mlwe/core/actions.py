@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from mlwe.core.capacity import ReplicaAlloc
-from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
+from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, ReplicaResources, WorkloadSpec
 
 
 class PreemptReason(enum.StrEnum):
@@ -122,6 +122,32 @@ class SetPriority:
 
 
 @dataclass(frozen=True, slots=True)
+class Evict:
+    """Stop a workload gracefully and put it back in the queue (no preemptor).
+
+    Used to move work off a node that is failing: the workload checkpoints,
+    is released, and is placed again elsewhere. The same guarantees as
+    preemption hold (protected, minimum runtime and progress), except when one
+    of its nodes is no longer ready: moving it off protects it."""
+
+    workload: str
+    reason: str = ""
+    kind = "evict"
+
+
+@dataclass(frozen=True, slots=True)
+class SetResources:
+    """Change the per-replica request of a workload that waits or has failed
+    (e.g. more memory after an out-of-memory kill); a running attempt keeps its
+    allocation."""
+
+    workload: str
+    resources: ReplicaResources
+    reason: str = ""
+    kind = "set-resources"
+
+
+@dataclass(frozen=True, slots=True)
 class SetQueue:
     spec: QueueSpec
     kind = "set-queue"
@@ -142,6 +168,8 @@ Action = (
     | SetNodeStatus
     | SetPriority
     | SetQueue
+    | Evict
+    | SetResources
 )
 
 #: Backend facts: stale ones (an older attempt) are acknowledged and ignored.

@@ -22,6 +22,7 @@ from mlwe.core.actions import (
     Action,
     AddNode,
     Cancel,
+    Evict,
     Exited,
     Place,
     Preempt,
@@ -32,6 +33,7 @@ from mlwe.core.actions import (
     SetNodeStatus,
     SetPriority,
     SetQueue,
+    SetResources,
     Start,
     Started,
     Submit,
@@ -50,7 +52,7 @@ from mlwe.core.rules import (
     quota_verdict,
     reclaim_violations,
 )
-from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
+from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, ReplicaResources, WorkloadSpec
 
 DEFAULT_QUEUE = "default"
 #: Exit causes that do not count against a workload's retries.
@@ -427,6 +429,10 @@ class ControlPlane:
             return self._set_queue(txn, a)
         if isinstance(a, SetPriority):
             return self._set_priority(txn, a)
+        if isinstance(a, Evict):
+            return self._evict(txn, a, cause_id)
+        if isinstance(a, SetResources):
+            return self._set_resources(txn, a)
         if isinstance(a, FACTS):
             return self._fact(txn, a, cause_id)
         return [f"unknown action type {type(a).__name__}"]
@@ -863,6 +869,81 @@ class ControlPlane:
 
         txn.undo.append(undo)
         return []
+
+    def _evict(self, txn: _Txn, a: Evict, cause_id: str | None) -> list[str]:
+        w, reasons = self._workload(a.workload)
+        if w is None:
+            return reasons
+        if w.state not in (State.ADMITTED, State.STARTING, State.RUNNING):
+            return [f"{w.id} is {w.state.value}; only admitted, starting or running workloads"
+                    f" are evicted ({_trail(w)})"]
+        if not isinstance(a.reason, str):
+            return [f"reason {a.reason!r} is not text"]
+        unready = [
+            x.node for x in w.placement if self.capacity.status(x.node) is not NodeStatus.READY
+        ]
+        if not unready:
+            # moving off a failing node protects the workload; anything else is an
+            # eviction like a preemption and keeps the same guarantees
+            why_not = preemptible(w, self.clock.now())
+            if why_not:
+                return [f"{w.id} is {why_not}; it is evicted only to move it off a node"
+                        " that is not ready"]
+        why = f"evicted: {a.reason}" if a.reason else "evicted"
+        err = self._transition(txn, w, State.PREEMPTING, why, cause_id)
+        if err:
+            return [err]
+        self._set(txn, w, "preemptions", w.preemptions + 1)
+        return []
+
+    def _set_resources(self, txn: _Txn, a: SetResources) -> list[str]:
+        w, reasons = self._workload(a.workload)
+        if w is None:
+            return reasons
+        if not isinstance(a.resources, ReplicaResources):
+            return ["resources are not validated ReplicaResources"]
+        if w.state not in (State.PENDING, State.PREEMPTED, State.FAILED):
+            return [f"{w.id} is {w.state.value}; resources change only while it waits or after"
+                    " it failed (a running attempt keeps its allocation)"]
+        try:
+            spec = WorkloadSpec.model_validate(
+                {**w.spec.model_dump(), "resources": a.resources.model_dump()},
+                context={"catalog": self.catalog},
+            )
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            return [f"invalid resources for {w.id}: {exc}"]
+        if spec == w.spec:
+            return []
+        fit = self._fits_some_node(spec)
+        if fit:
+            return [fit]
+        self._set(txn, w, "spec", spec)
+        txn.touched_workloads[w.id] = None
+        return []
+
+    def _fits_some_node(self, spec: WorkloadSpec) -> str | None:
+        """Why no node of the cluster could ever hold one replica (None: some node can)."""
+        r = spec.resources
+        devices = max(1, r.gpu // FULL) if r.gpu else 0
+        for info in self.capacity.nodes():
+            cap = info.capacity
+            if cap.cpu < r.cpu or cap.ram < r.memory:
+                continue
+            if r.gpu:
+                if info.gpu_model is None or info.gpu_count < devices:
+                    continue
+                if spec.gpu_models and info.gpu_model not in spec.gpu_models:
+                    continue
+                if info.vram_per_gpu < spec.min_vram_per_gpu:
+                    continue
+                if r.vram is not None and r.vram > info.vram_per_gpu * devices:
+                    continue
+            return None
+        return (
+            f"no node in the cluster can hold one replica of {r.gpu / FULL:g} GPU,"
+            f" {r.cpu / 1000:g} cpu, {r.memory} MiB memory"
+            + (f", {r.vram} MiB VRAM" if r.vram is not None else "")
+        )
 
     def _set_queue(self, txn: _Txn, a: SetQueue) -> list[str]:
         if not isinstance(a.spec, QueueSpec):
