@@ -44,6 +44,7 @@ from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import Transition
 from mlwe.core.model import Workload
 from mlwe.core.spec import NodeSpec
+from mlwe.store.audit import AuditEntry, AuditLog
 from mlwe.store.repository import CorruptRecord, Repository
 
 #: Cause id of the batches recovery applies (node and queue set-up).
@@ -114,8 +115,23 @@ def _must(result: ApplyResult, what: str) -> None:
 class StoreWriter:
     """Buffers what a control plane changes and writes it in one transaction per flush."""
 
-    def __init__(self, repo: Repository) -> None:
+    def __init__(
+        self,
+        repo: Repository,
+        audit: AuditLog | None = None,
+        *,
+        correlate: Callable[[DecisionRecord], str | None] | None = None,
+    ) -> None:
         self.repo = repo
+        #: The correlation id an audited decision is filed under (default: its cause).
+        self.correlate = correlate
+        #: With an audit log, every decision and every record queued by
+        #: :meth:`note_audit` is chained in the SAME transaction as the state it
+        #: explains: nothing is durable without its audit record, and vice versa.
+        self.audit = audit
+        self._audit_records: list[dict[str, Any]] = []
+        #: The audit entries the last flush wrote (for the live audit stream).
+        self.last_audit: list[AuditEntry] = []
         self.cp: ControlPlane | None = None
         self._transitions: list[tuple[str, int, Transition]] = []
         self._dirty: dict[str, None] = {}
@@ -194,6 +210,23 @@ class StoreWriter:
                 if isinstance(subject, str):
                     self._dirty[subject] = None
 
+    def note_audit(
+        self,
+        kind: str,
+        actor: str,
+        payload: dict[str, Any],
+        *,
+        workload: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Queue an audit record (operator action, proposal, config change) for the next flush."""
+        if self.audit is None:
+            return
+        self._audit_records.append(
+            {"kind": kind, "actor": actor, "payload": payload, "workload": workload,
+             "correlation_id": correlation_id}
+        )
+
     # ----------------------------------------------------------------- state
     def pending(self) -> bool:
         """Whether anything applied is not yet durable."""
@@ -205,6 +238,7 @@ class StoreWriter:
             or self._node_status
             or self._queues
             or self._decisions
+            or self._audit_records
             or (self._poll_decisions and len(cp.decisions) > self._decisions_seen)
             or cp.version != self._stored_version
         )
@@ -224,6 +258,7 @@ class StoreWriter:
         """
         cp = self._cp()
         self._poll(cp)
+        self.last_audit = []
         if not self.pending():
             return 0
         for d in self._decisions:
@@ -241,8 +276,12 @@ class StoreWriter:
         queues = list(self._queues)
         version = cp.version
         repo = self.repo
+        audit = self.audit
+        records = list(self._audit_records)
+        written: list[AuditEntry] = []
 
         def go(c: Any) -> None:
+            written.clear()  # a retried transaction starts again
             for name, spec in nodes_added.items():
                 repo.upsert_node(
                     spec, cp.node_status(name), position=cp.capacity.info(name).order, conn=c
@@ -257,9 +296,22 @@ class StoreWriter:
             repo.append_transitions(transitions, conn=c)
             repo.append_decisions(decisions, conn=c)
             repo.meta_set("version", str(version), conn=c)
+            if audit is not None:
+                for rec in records:
+                    written.append(audit.append(conn=c, **rec))
+                for d in decisions:
+                    cid = self.correlate(d) if self.correlate is not None else d.cause_id
+                    written.append(
+                        audit.append(
+                            "decision", d.policy, d.to_dict(), workload=d.workload,
+                            correlation_id=cid, conn=c,
+                        )
+                    )
 
         repo.write(go)
         # only now is it durable: forget exactly what was written
+        self.last_audit = list(written)
+        del self._audit_records[: len(records)]
         del self._transitions[: len(transitions)]
         del self._decisions[: len(decisions)]
         self._dirty.clear()

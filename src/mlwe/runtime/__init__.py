@@ -1,0 +1,23 @@
+"""The runtime: one engine wired from core + backend + store + bus (+ agent, API).
+
+See :mod:`mlwe.runtime.engine` for the loop and its guarantees.
+"""
+
+from mlwe.runtime.clock import WallClock
+from mlwe.runtime.engine import Engine, EngineConfig, RestartReport, TickReport, workload_info
+from mlwe.runtime.simlive import LiveSimBackend
+from mlwe.runtime.streams import TOPICS, StreamEvent, StreamHub, Subscription
+
+__all__ = [
+    "TOPICS",
+    "Engine",
+    "EngineConfig",
+    "LiveSimBackend",
+    "RestartReport",
+    "StreamEvent",
+    "StreamHub",
+    "Subscription",
+    "TickReport",
+    "WallClock",
+    "workload_info",
+]

@@ -1,0 +1,854 @@
+"""One running engine: control plane + scheduler + reconciler + backend + store + audit + streams.
+
+The engine owns the loop the DESIGN's data path describes (convention 1: the
+core decides, the runtime carries it out):
+
+    tick: poll backend events -> apply them as facts (deduplicated by id)
+          -> scheduling cycle -> make it durable (state, decisions, audit, one
+          transaction) -> send the resulting commands -> publish the streams
+
+Requests (submit, cancel, cordon, proposals from the agent) go through the
+same control plane under the engine lock, and are **acknowledged only once
+durable**: ``submit`` returns after the flush that covers it. Concurrent
+requests share flushes (group commit), so many small submissions cost few
+disk syncs.
+
+On start the engine rebuilds the control plane from the store and reconciles
+it with what the backend says is running (:meth:`Engine.reconcile_backend`):
+attempts it still runs are adopted, attempts it no longer has are requeued
+("vanished", not the workload's fault), attempts it runs that the engine does
+not know are stopped (orphans), and starts that were owed are sent again
+(idempotent by request id).
+
+Every operator action, agent proposal (accepted or rejected, with reasons) and
+configuration change is an audit record written in the same transaction as its
+effect; scheduling decisions too. The correlation id of a request follows it
+into decisions, backend commands, audit records and stream events.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import inspect
+
+from mlwe.core.actions import (
+    Action,
+    AddNode,
+    Cancel,
+    Evict,
+    Exited,
+    Released,
+    SetNodeStatus,
+    SetPriority,
+    SetQueue,
+    Started,
+    Submit,
+)
+from mlwe.core.backend import Backend, Command, StartCommand, StopCommand, Telemetry
+from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
+from mlwe.core.clock import Clock
+from mlwe.core.cluster import build_control_plane
+from mlwe.core.controlplane import ApplyResult, ControlPlane
+from mlwe.core.decisions import DecisionRecord
+from mlwe.core.lifecycle import HOLDING, State, Transition
+from mlwe.core.model import Workload
+from mlwe.core.reconcile import Reconciler, correlation_of
+from mlwe.core.scheduler import Scheduler
+from mlwe.core.spec import ClusterSpec, NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
+from mlwe.runtime.clock import WallClock
+from mlwe.runtime.streams import StreamHub
+from mlwe.store import db
+from mlwe.store import schema as S
+from mlwe.store.audit import AuditEntry, AuditLog
+from mlwe.store.recovery import StoreWriter, recover
+from mlwe.store.repository import Repository, TelemetrySample
+
+log = logging.getLogger("mlwe.engine")
+
+BackendFactory = Callable[[Clock], Backend]
+
+
+@dataclass
+class EngineConfig:
+    grace_s: float = 10.0  # checkpoint grace period on eviction
+    retry_base_s: float = 5.0
+    retry_max_s: float = 600.0
+    tick_s: float = 0.25  # loop period when nothing wakes it earlier
+    telemetry_store_every_s: float = 5.0  # at most one stored sample per node/workload per this
+    telemetry_downsample_after_s: float = 3600.0
+    telemetry_downsample_to_s: int = 60
+    telemetry_retention_s: float = 7 * 86400.0
+    maintenance_every_s: float = 60.0
+    recent_decisions: int = 5000
+
+
+@dataclass
+class TickReport:
+    events: int = 0
+    commands: int = 0
+    telemetry: int = 0
+    version: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RestartReport:
+    """What reconciling with the backend found after a restart."""
+
+    adopted: list[str] = field(default_factory=list)
+    vanished: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {
+            "adopted": self.adopted,
+            "vanished": self.vanished,
+            "orphans": self.orphans,
+            "restarted": self.restarted,
+        }
+
+
+def new_correlation_id() -> str:
+    return f"req-{uuid.uuid4().hex[:16]}"
+
+
+class Engine:
+    """A control plane driving a backend, durable and audited (see the module docstring)."""
+
+    def __init__(
+        self,
+        cp: ControlPlane,
+        backend: Backend,
+        repo: Repository,
+        *,
+        clock: Clock,
+        scheduler: Scheduler | None = None,
+        config: EngineConfig | None = None,
+        streams: StreamHub | None = None,
+        audit: AuditLog | None = None,
+        synced: bool = True,
+    ) -> None:
+        self.cp = cp
+        self.backend = backend
+        self.repo = repo
+        self.clock = clock
+        self.config = config or EngineConfig()
+        self.scheduler = scheduler or Scheduler()
+        self.streams = streams or StreamHub(clock=clock.now)
+        self.audit = audit or AuditLog(repo.engine, clock=clock.now)
+        self.lock = threading.RLock()
+        self.reconciler = Reconciler(
+            cp,
+            self.scheduler,
+            grace_s=self.config.grace_s,
+            retry_base_s=self.config.retry_base_s,
+            retry_max_s=self.config.retry_max_s,
+        )
+        self.writer = StoreWriter(repo, self.audit, correlate=self._decision_correlation)
+        self.writer.attach(cp, sync=not synced)
+        self.recent_decisions: deque[DecisionRecord] = deque(maxlen=self.config.recent_decisions)
+        cp.listeners.append(self._on_transition)
+        cp.decision_listeners.append(self.recent_decisions.append)
+        #: Called each tick, under the lock, after the scheduling cycle (agent, workflows...).
+        self.tick_hooks: list[Callable[[Engine], None]] = []
+        #: Called with each telemetry sample (the agent's monitor).
+        self.telemetry_listeners: list[Callable[[Telemetry], None]] = []
+        self._state_out: list[tuple[Workload, Transition]] = []
+        self._calls: deque[Callable[[], None]] = deque()
+        self._applied = 0  # changes applied (under the lock)
+        self._durable = 0  # changes known durable
+        self._flush_mutex = threading.Lock()
+        self._tel_stored: dict[tuple[str, str | None], float] = {}
+        self._tel_buffer: list[TelemetrySample] = []
+        self._last_maintenance = clock.now()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ticks = 0
+        self.degraded: str | None = None  # why the store is not writable right now
+        self.started_at = clock.now()
+        self.last_restart: RestartReport | None = None
+
+    # ============================================================ construction
+    @classmethod
+    def open(
+        cls,
+        cluster: ClusterSpec | None = None,
+        backend: Backend | BackendFactory | None = None,
+        *,
+        data_dir: str | Path | None = None,
+        database_url: str | None = None,
+        clock: Clock | None = None,
+        catalog: GpuCatalog = DEFAULT_CATALOG,
+        config: EngineConfig | None = None,
+        scheduler: Scheduler | None = None,
+        create_schema: bool = True,
+    ) -> Engine:
+        """The engine for a data directory / database: recovered if it holds state.
+
+        A fresh database gets the schema (``create_schema``); a database at an
+        older or unknown revision is refused with the migration to run
+        (:class:`mlwe.store.db.SchemaError`). Without stored nodes, ``cluster``
+        seeds the state. ``backend`` is a Backend or a factory taking the clock.
+        """
+        clock = clock or WallClock()
+        url = db.database_url(data_dir, database_url)
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine = db.make_engine(url)
+        try:
+            if create_schema and _is_empty(engine):
+                db.migrate(engine)
+            db.check_schema(engine)
+            repo = Repository(engine, catalog=catalog)
+            if repo.load_nodes(catalog):
+                cp = recover(repo, clock, catalog)
+                synced = True
+                recovered = True
+            else:
+                if cluster is None:
+                    raise ValueError(
+                        "the store holds no cluster and none was given: pass a cluster spec"
+                    )
+                cp = build_control_plane(cluster, clock, catalog=catalog)
+                synced = False
+                recovered = False
+        except BaseException:
+            engine.dispose()
+            raise
+        if backend is None:
+            from mlwe.runtime.simlive import LiveSimBackend
+
+            be: Backend = LiveSimBackend(clock)
+        elif callable(backend) and not hasattr(backend, "send"):
+            be = backend(clock)
+        else:
+            be = backend  # type: ignore[assignment]
+        eng = cls(cp, be, repo, clock=clock, config=config, scheduler=scheduler, synced=synced)
+        with eng.lock:
+            eng.writer.note_audit(
+                "config",
+                "engine",
+                {
+                    "event": "engine-start",
+                    "recovered": recovered,
+                    "backend": getattr(be, "name", type(be).__name__),
+                    "database": db.backend_name(url),
+                    "nodes": sum(1 for _ in cp.capacity.nodes()),
+                    "workloads": len(cp.workloads),
+                    "version": cp.version,
+                },
+            )
+            if recovered:
+                eng.reconcile_backend()
+            eng._flush_locked()
+        return eng
+
+    # ================================================================= helpers
+    def _decision_correlation(self, d: DecisionRecord) -> str | None:
+        w = self.cp.workloads.get(d.workload)
+        cid = correlation_of(w) if w is not None else None
+        return cid or d.cause_id
+
+    def _on_transition(self, w: Workload, tr: Transition) -> None:
+        self._state_out.append((w, tr))
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def wake(self) -> None:
+        """Ask the loop for a tick now (e.g. after a submission)."""
+        self._wake.set()
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the engine thread at the next tick (backend access is single-threaded)."""
+        self._calls.append(fn)
+        self._wake.set()
+
+    # ============================================================== durability
+    def _flush_locked(self) -> None:
+        try:
+            self.writer.flush()
+        except Exception as exc:  # the store is down: keep everything, say so, retry next tick
+            self.degraded = f"store unavailable: {db._describe(exc)}"
+            raise
+        self.degraded = None
+        self._publish_after_flush()
+
+    def _commit(self) -> None:
+        """Return once everything applied so far is durable (group commit)."""
+        with self.lock:
+            self._applied += 1
+            target = self._applied
+        with self._flush_mutex:
+            if self._durable >= target:
+                return  # another request's flush covered this one
+            with self.lock:
+                upto = self._applied
+                self._flush_locked()
+            self._durable = upto
+
+    def _publish_after_flush(self) -> None:
+        out, self._state_out = self._state_out, []
+        streams = self.streams
+        for w, tr in out:
+            streams.publish(
+                "state",
+                {
+                    "type": "transition",
+                    "workload": w.id,
+                    "name": w.spec.name,
+                    "kind": w.spec.kind.value,
+                    "priority": w.priority,
+                    "queue": w.queue,
+                    "from": tr.source.value if tr.source is not None else None,
+                    "to": tr.target.value,
+                    "reason": tr.reason,
+                    "attempt": w.attempt,
+                    "nodes": sorted({a.node for a in w.placement}),
+                    "deadline": w.deadline,
+                },
+                correlation_id=correlation_of(w),
+                workload=w.id,
+                time=tr.time,
+            )
+        for entry in self.writer.last_audit:
+            self._publish_audit(entry)
+
+    def _publish_audit(self, entry: AuditEntry) -> None:
+        self.streams.publish(
+            "audit",
+            {
+                "seq": entry.seq,
+                "kind": entry.kind,
+                "actor": entry.actor,
+                "hash": entry.hash,
+                "prev_hash": entry.prev_hash,
+                "payload": entry.data(),
+            },
+            correlation_id=entry.correlation_id,
+            workload=entry.workload,
+            time=entry.time,
+        )
+
+    # ================================================================ requests
+    def submit(
+        self,
+        specs: Sequence[WorkloadSpec],
+        *,
+        actor: str = "api",
+        correlation_id: str | None = None,
+    ) -> ApplyResult:
+        """Submit workloads; returns once they are durable (or the rejection, nothing stored)."""
+        cid = correlation_id or new_correlation_id()
+        with self.lock:
+            result = self.cp.apply([Submit(s) for s in specs], cause_id=cid)
+            if result.accepted:
+                self.writer.note_audit(
+                    "request",
+                    actor,
+                    {"action": "submit", "workloads": list(result.created)},
+                    workload=result.created[0] if len(result.created) == 1 else None,
+                    correlation_id=cid,
+                )
+        if result.accepted:
+            self._commit()
+            self._wake.set()
+        return result
+
+    def _operator(
+        self,
+        actions: Sequence[Action],
+        *,
+        kind: str,
+        actor: str,
+        what: dict[str, Any],
+        workload: str | None = None,
+        correlation_id: str | None = None,
+    ) -> ApplyResult:
+        cid = correlation_id or new_correlation_id()
+        with self.lock:
+            result = self.cp.apply(actions, cause_id=cid)
+            self.writer.note_audit(
+                kind,
+                actor,
+                {**what, "accepted": result.accepted, "reasons": result.reasons()},
+                workload=workload,
+                correlation_id=cid,
+            )
+        self._commit()
+        self._wake.set()
+        return result
+
+    def cancel(
+        self, workload_id: str, *, actor: str = "api", correlation_id: str | None = None
+    ) -> ApplyResult:
+        w = self.cp.workloads.get(workload_id)
+        cid = correlation_id or (correlation_of(w) if w is not None else None)
+        return self._operator(
+            [Cancel(workload_id)],
+            kind="operator",
+            actor=actor,
+            what={"action": "cancel", "workload": workload_id},
+            workload=workload_id,
+            correlation_id=cid,
+        )
+
+    def set_priority(
+        self, workload_id: str, priority: int, *, actor: str = "api", reason: str = ""
+    ) -> ApplyResult:
+        w = self.cp.workloads.get(workload_id)
+        return self._operator(
+            [SetPriority(workload_id, priority, reason or f"set by {actor}")],
+            kind="operator",
+            actor=actor,
+            what={"action": "set-priority", "workload": workload_id, "priority": priority},
+            workload=workload_id,
+            correlation_id=correlation_of(w) if w is not None else None,
+        )
+
+    def set_node_status(
+        self, node: str, status: NodeStatus, reason: str = "", *, actor: str = "api"
+    ) -> ApplyResult:
+        """Cordon (take nothing new), uncordon, or mark down (its workloads are requeued)."""
+        actions: list[Action] = [SetNodeStatus(node, status, reason or f"set by {actor}")]
+        if status is NodeStatus.DOWN and node in self.cp.capacity:
+            actions += [
+                Exited(h.id, h.attempt, -1, "node-lost") for h in self.cp.holders(node)
+            ]
+        return self._operator(
+            actions,
+            kind="operator",
+            actor=actor,
+            what={"action": "node-status", "node": node, "status": status.value, "reason": reason},
+        )
+
+    def drain(self, node: str, *, actor: str = "api", reason: str = "drain") -> ApplyResult:
+        """Cordon a node and stop what runs there (each workload goes back to the queue)."""
+        with self.lock:
+            holders = [h.id for h in self.cp.holders(node)]
+        result = self.set_node_status(node, NodeStatus.CORDONED, reason, actor=actor)
+        if not result.accepted:
+            return result
+        for wid in holders:
+            self.requeue(wid, actor=actor, reason=f"node {node} drained")
+        return result
+
+    def requeue(self, workload_id: str, *, actor: str = "api", reason: str = "") -> ApplyResult:
+        """Checkpoint-and-stop a running workload and put it back in the queue."""
+        return self._operator(
+            [Evict(workload_id, reason or f"requeued by {actor}")],
+            kind="operator",
+            actor=actor,
+            what={"action": "requeue", "workload": workload_id, "reason": reason},
+            workload=workload_id,
+        )
+
+    def set_queue(self, spec: QueueSpec, *, actor: str = "admin") -> ApplyResult:
+        return self._operator(
+            [SetQueue(spec)],
+            kind="config",
+            actor=actor,
+            what={"action": "set-queue", "queue": spec.model_dump(mode="json")},
+        )
+
+    def add_node(self, spec: NodeSpec, *, actor: str = "admin") -> ApplyResult:
+        return self._operator(
+            [AddNode(spec)],
+            kind="config",
+            actor=actor,
+            what={"action": "add-node", "node": spec.model_dump(mode="json")},
+        )
+
+    def propose(
+        self,
+        actions: Sequence[Action],
+        *,
+        actor: str,
+        expected_version: int | None = None,
+        correlation_id: str | None = None,
+        rationale: str | None = None,
+    ) -> ApplyResult:
+        """An agent's (or any automation's) proposal: verified, applied or rejected, audited."""
+        cid = correlation_id or new_correlation_id()
+        with self.lock:
+            try:
+                result = self.cp.apply(actions, expected_version=expected_version, cause_id=cid)
+            except Exception as exc:  # a malformed proposal object: reject, never crash
+                result = ApplyResult(False, self.cp.version, ())
+                reasons = [f"malformed proposal: {type(exc).__name__}: {exc}"]
+            else:
+                reasons = result.reasons()
+            workloads = sorted(
+                {a for x in actions for a in [getattr(x, "workload", None)] if isinstance(a, str)}
+            )
+            self.writer.note_audit(
+                "proposal",
+                actor,
+                {
+                    "actions": [_describe_action(a) for a in actions],
+                    "expected_version": expected_version,
+                    "accepted": result.accepted,
+                    "reasons": reasons,
+                    "rationale": rationale,
+                },
+                workload=workloads[0] if len(workloads) == 1 else None,
+                correlation_id=cid,
+            )
+        self._commit()
+        self._wake.set()
+        return result
+
+    def record_reasoning(
+        self, record: dict[str, Any], *, correlation_id: str | None = None, actor: str = "agent"
+    ) -> None:
+        """Store an agent reasoning trace, chain it in the audit log, and stream it."""
+        with self.lock:
+            now = self.clock.now()
+            self.repo.append_reasoning(record, time=now, correlation_id=correlation_id)
+            self.writer.note_audit(
+                "reasoning", actor, record, workload=record.get("workload"),
+                correlation_id=correlation_id,
+            )
+        self._commit()
+        self.streams.publish(
+            "reasoning", record, correlation_id=correlation_id, workload=record.get("workload")
+        )
+
+    # ==================================================================== loop
+    def tick(self) -> TickReport:
+        """One iteration of the loop (see the module docstring)."""
+        rep = TickReport()
+        cmds: list[Command] = []
+        with self.lock:
+            while self._calls:
+                fn = self._calls.popleft()
+                try:
+                    fn()
+                except Exception as exc:
+                    log.exception("engine call failed")
+                    rep.errors.append(f"{type(exc).__name__}: {exc}")
+            events = self.backend.poll()
+            rep.events = len(events)
+            if events:
+                self.reconciler.handle(events)
+            cmds = self.reconciler.step()
+            for hook in list(self.tick_hooks):
+                try:
+                    hook(self)
+                except Exception as exc:  # a broken plug-in must not stop the engine
+                    log.exception("tick hook failed")
+                    rep.errors.append(f"{type(exc).__name__}: {exc}")
+            cmds += self.reconciler.step() if self.reconciler.dirty else []
+            try:
+                self._flush_locked()  # durable before the backend acts on it
+            except Exception as exc:
+                rep.errors.append(self.degraded or str(exc))
+                # state is kept in memory and written by the next successful flush; do not
+                # act on the backend before it is durable
+                self._held_commands = [*getattr(self, "_held_commands", []), *cmds]
+                return rep
+            held = getattr(self, "_held_commands", [])
+            if held:
+                cmds = [*held, *cmds]
+                self._held_commands = []
+            rep.version = self.cp.version
+        if cmds:
+            self.backend.send(cmds)
+            for c in cmds:
+                self._publish_command(c)
+        rep.commands = len(cmds)
+        tel = self.backend.drain_telemetry()
+        rep.telemetry = len(tel)
+        if tel:
+            self._telemetry(tel)
+        now = self.clock.now()
+        if now - self._last_maintenance >= self.config.maintenance_every_s:
+            self._last_maintenance = now
+            self.maintenance()
+        self.ticks += 1
+        return rep
+
+    def _publish_command(self, c: Command) -> None:
+        data: dict[str, Any] = {
+            "type": "command",
+            "command": c.kind,
+            "request_id": c.request_id,
+            "workload": c.workload,
+            "attempt": c.attempt,
+        }
+        if isinstance(c, StartCommand):
+            data["nodes"] = sorted({a.node for a in c.placement})
+        elif isinstance(c, StopCommand):
+            data["reason"] = c.reason
+            data["grace_s"] = c.grace_s
+        self.streams.publish("state", data, correlation_id=c.correlation_id, workload=c.workload)
+
+    def _telemetry(self, samples: Iterable[Telemetry]) -> None:
+        every = self.config.telemetry_store_every_s
+        for s in samples:
+            for listener in self.telemetry_listeners:
+                listener(s)
+            self.streams.publish(
+                "telemetry",
+                {
+                    "node": s.node,
+                    "workload": s.workload,
+                    "metrics": dict(s.metrics),
+                    "declared": list(s.declared),
+                },
+                workload=s.workload,
+                time=s.time,
+            )
+            key = (s.node, s.workload)
+            if s.time - self._tel_stored.get(key, -1e18) >= every:
+                self._tel_stored[key] = s.time
+                metrics = {k: v for k, v in s.metrics.items()}
+                if s.declared:
+                    metrics["declared"] = list(s.declared)  # type: ignore[assignment]
+                self._tel_buffer.append(
+                    TelemetrySample(time=s.time, node=s.node, workload=s.workload, metrics=metrics)
+                )
+        if len(self._tel_buffer) >= 200:
+            self._store_telemetry()
+
+    def _store_telemetry(self) -> None:
+        buf, self._tel_buffer = self._tel_buffer, []
+        if not buf:
+            return
+        try:
+            self.repo.append_telemetry(buf, resolution_s=int(self.config.telemetry_store_every_s))
+        except Exception:  # observations, not state: losing some during an outage is accepted
+            log.warning("telemetry not stored (%d samples)", len(buf), exc_info=True)
+
+    def maintenance(self) -> dict[str, int]:
+        """Store buffered telemetry, downsample old samples, drop those past retention."""
+        cfg = self.config
+        now = self.clock.now()
+        self._store_telemetry()
+        try:
+            merged, _ = self.repo.downsample_telemetry(
+                now - cfg.telemetry_downsample_after_s, cfg.telemetry_downsample_to_s
+            )
+            pruned = self.repo.prune_telemetry(cfg.telemetry_retention_s, now)
+        except Exception:
+            log.warning("telemetry maintenance failed", exc_info=True)
+            return {}
+        return {"downsampled": merged, "pruned": pruned}
+
+    def start(self, period_s: float | None = None) -> None:
+        """Run the loop on a background thread until :meth:`stop`."""
+        if self._thread is not None:
+            raise RuntimeError("the engine loop is already running")
+        period = self.config.tick_s if period_s is None else period_s
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.tick()
+                except Exception:
+                    log.exception("engine tick failed")
+                    time.sleep(min(1.0, period * 4))
+                self._wake.wait(period)
+                self._wake.clear()
+
+        self._thread = threading.Thread(target=loop, name="mlwe-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def close(self, *, stop_workloads: bool = False) -> None:
+        """Stop the loop, make everything durable, release the store (and the backend)."""
+        self.stop()
+        with self.lock:
+            try:
+                self._flush_locked()
+            except Exception:
+                log.warning("final flush failed", exc_info=True)
+            self._store_telemetry()
+        if stop_workloads:
+            self.backend.close()
+        self.repo.close()
+
+    def run_until(self, predicate: Callable[[Engine], bool], timeout_s: float, period_s: float = 0.05) -> bool:
+        """Tick until ``predicate`` holds (tests and examples): True if it did in time."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.tick()
+            with self.lock:
+                if predicate(self):
+                    return True
+            time.sleep(period_s)
+        return False
+
+    # ========================================================= restart repair
+    def reconcile_backend(self) -> RestartReport:
+        """After a restart: make the recovered state and the backend agree (module docstring)."""
+        rep = RestartReport()
+        cp = self.cp
+        running = {r.workload: r for r in self.backend.inventory()}
+        facts: list[Action] = []
+        resend: list[Command] = []
+        stops: list[Command] = []
+        for w in list(cp.workloads.values()):
+            if w.state not in HOLDING or w.state is State.ADMITTED:
+                continue
+            r = running.pop(w.id, None)
+            if r is not None and r.attempt == w.attempt:
+                rep.adopted.append(w.id)
+                if w.state is State.STARTING:
+                    facts.append(Started(w.id, w.attempt))
+                continue
+            if r is not None:  # an older attempt still runs: stop it
+                rep.orphans.append(f"{r.workload}#{r.attempt}")
+                stops.append(_orphan_stop(r.workload, r.attempt))
+            if w.state is State.STARTING:  # the start may never have reached it: send again
+                rep.restarted.append(w.id)
+                resend.append(
+                    StartCommand(
+                        request_id=f"start:{w.id}:{w.attempt}",
+                        workload=w.id,
+                        attempt=w.attempt,
+                        placement=w.placement,
+                        spec=w.spec,
+                        resume_work_s=w.work_done,
+                        correlation_id=correlation_of(w),
+                    )
+                )
+            elif w.state in (State.PREEMPTING, State.STOPPING):
+                # it was being stopped and is gone: the release is what we waited for
+                rep.vanished.append(w.id)
+                facts.append(Released(w.id, w.attempt))
+            else:
+                rep.vanished.append(w.id)
+                facts.append(Exited(w.id, w.attempt, -1, "vanished"))
+        for r in running.values():
+            rep.orphans.append(f"{r.workload}#{r.attempt}")
+            stops.append(_orphan_stop(r.workload, r.attempt))
+        for a in facts:  # one by one: a fact the state no longer allows is reported, not fatal
+            res = cp.apply([a], cause_id="restart-reconcile")
+            if not res.accepted:
+                log.warning("restart reconcile: %s refused: %s", a, "; ".join(res.reasons()))
+        self.reconciler.resume()
+        self.writer.note_audit("operator", "engine", {"event": "restart-reconcile", **rep.to_dict()})
+        if resend or stops:
+            self.call_soon(lambda: self.backend.send([*stops, *resend]))
+        self.last_restart = rep
+        return rep
+
+    # ================================================================ reading
+    def explain(self, workload_id: str) -> dict[str, Any]:
+        """Everything that answers "why?" about one workload: history, decisions, audit."""
+        with self.lock:
+            w = self.cp.workloads.get(workload_id)
+            if w is None:
+                raise KeyError(f"unknown workload {workload_id!r}")
+            info = workload_info(w)
+            info["history"] = [
+                {
+                    "time": tr.time,
+                    "from": tr.source.value if tr.source is not None else None,
+                    "to": tr.target.value,
+                    "reason": tr.reason,
+                    "cause_id": tr.cause_id,
+                }
+                for tr in w.history
+            ]
+        decisions = self.repo.decisions_for(workload_id, limit=200)
+        info["decisions"] = [d.to_dict() for d in decisions]
+        info["audit"] = [
+            {"seq": e.seq, "time": e.time, "kind": e.kind, "actor": e.actor, "payload": e.data()}
+            for e in self.audit.show(workload=workload_id, limit=200)
+        ]
+        return info
+
+    def health(self) -> dict[str, Any]:
+        store = self.repo.health()
+        return {
+            "status": "degraded" if self.degraded or store.get("status") == "degraded" else "ok",
+            "degraded": self.degraded,
+            "store": store,
+            "backend": getattr(self.backend, "name", type(self.backend).__name__),
+            "version": self.cp.version,
+            "workloads": len(self.cp.workloads),
+            "ticks": self.ticks,
+            "loop_running": self._thread is not None and self._thread.is_alive(),
+        }
+
+
+def _orphan_stop(workload: str, attempt: int) -> StopCommand:
+    return StopCommand(
+        request_id=f"orphan:{workload}:{attempt}",
+        workload=workload,
+        attempt=attempt,
+        grace_s=0.0,
+        reason="orphan",
+    )
+
+
+def _describe_action(a: Action) -> dict[str, Any]:
+    out: dict[str, Any] = {"action": type(a).__name__}
+    for name in getattr(a, "__dataclass_fields__", {}):
+        value = getattr(a, name)
+        if isinstance(value, WorkloadSpec | NodeSpec | QueueSpec):
+            value = value.model_dump(mode="json")
+        elif hasattr(value, "value") and not isinstance(value, int | float | str):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = [str(v) for v in value]
+        elif not isinstance(value, int | float | str | bool | type(None) | dict | list):
+            value = str(value)
+        out[name] = value
+    return out
+
+
+def workload_info(w: Workload) -> dict[str, Any]:
+    """A workload as the API and streams show it."""
+    spec = w.spec
+    return {
+        "id": w.id,
+        "name": spec.name,
+        "kind": spec.kind.value,
+        "state": w.state.value,
+        "priority": w.priority,
+        "queue": w.queue,
+        "replicas": spec.replicas,
+        "resources": spec.resources.model_dump(mode="json")
+        if hasattr(spec.resources, "model_dump")
+        else str(spec.resources),
+        "nodes": sorted({a.node for a in w.placement}),
+        "attempt": w.attempt,
+        "failures": w.failures,
+        "progress": w.progress,
+        "work_done_s": w.work_done,
+        "submit_time": w.submit_time,
+        "deadline": w.deadline,
+        "pending_reason": w.pending_reason,
+        "preemptions": w.preemptions,
+        "exit_code": w.exit_code,
+        "failure_cause": w.failure_cause,
+        "correlation_id": correlation_of(w),
+    }
+
+
+def _is_empty(engine: Any) -> bool:
+    """No mlwe tables and no revision: a database we may create the schema in."""
+    with engine.connect() as conn:
+        names = set(inspect(conn).get_table_names())
+    return not (names & set(S.metadata.tables)) and "alembic_version" not in names
