@@ -233,6 +233,9 @@ pipeline_steps = Table(
     Column("outputs", Text, nullable=False),
     Column("started", Float),
     Column("finished", Float),
+    Column("kind", String(16), nullable=False, default="batch"),  # batch or service
+    Column("workloads", Text, nullable=False, default="[]"),  # JSON: every workload id (replicas)
+    Column("error", Text),  # why the step failed, in words
 )
 
 models = Table(

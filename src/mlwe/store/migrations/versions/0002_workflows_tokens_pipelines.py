@@ -66,6 +66,9 @@ def upgrade() -> None:
         sa.Column("outputs", sa.Text, nullable=False),
         sa.Column("started", sa.Float),
         sa.Column("finished", sa.Float),
+        sa.Column("kind", sa.String(16), nullable=False),
+        sa.Column("workloads", sa.Text, nullable=False),
+        sa.Column("error", sa.Text),
     )
     op.create_table(
         "models",
