@@ -1,0 +1,37 @@
+"""ML pipelines and their supervision.
+
+- :mod:`mlwe.pipelines.spec`: pipeline specs (YAML or the :class:`Pipeline`
+  builder), a DAG of steps, each a workload plus a command, validated up front;
+- :mod:`mlwe.pipelines.runner`: runs them, each step a workload submitted
+  through the engine's control plane;
+- :mod:`mlwe.pipelines.store`: runs, steps and the model registry, durable;
+- :mod:`mlwe.pipelines.supervision`: application-layer agents (sensors with
+  interval, cron and event triggers; rules; actuators that go through the
+  verified proposal path);
+- :mod:`mlwe.pipelines.drift_retrain` and
+  :mod:`mlwe.pipelines.inference_scaling`: the two case studies.
+"""
+
+from mlwe.pipelines.spec import (
+    InputRef,
+    ModelRegistration,
+    Pipeline,
+    PipelineError,
+    PipelineSpec,
+    StepKind,
+    StepSpec,
+    load_pipeline,
+    parse_pipeline,
+)
+
+__all__ = [
+    "InputRef",
+    "ModelRegistration",
+    "Pipeline",
+    "PipelineError",
+    "PipelineSpec",
+    "StepKind",
+    "StepSpec",
+    "load_pipeline",
+    "parse_pipeline",
+]
