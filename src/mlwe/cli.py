@@ -411,18 +411,21 @@ def events_replay(
 @bench_app.command("store")
 def bench_store_cmd(
     backend: Annotated[str, typer.Option(help="sqlite or postgres")] = "sqlite",
-    submit: Annotated[int, typer.Option(min=1, help="submissions to time")] = 5000,
+    submit: Annotated[int, typer.Option(min=1, help="submissions to time")] = 3000,
     recover: Annotated[int, typer.Option(min=1, help="stored workloads to recover")] = 100_000,
+    clients: Annotated[int, typer.Option(min=1, help="concurrent submitting threads")] = 8,
     url: Annotated[str | None, typer.Option(help="database URL (postgres)")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Durable submissions per second and recovery time of the store."""
-    from mlwe.store.bench import bench_store
+    """Durable submissions per second through the engine, and recovery time of the store."""
+    from mlwe.runtime.bench import bench_engine_store
 
     if backend not in ("sqlite", "postgres"):
         err.print("--backend must be sqlite or postgres")
         raise typer.Exit(2)
-    result = bench_store(backend, submit, recover, url=url, verbose=not as_json)
+    result = bench_engine_store(
+        backend, submit, recover, clients=clients, url=url, verbose=not as_json
+    )
     print(json.dumps(result, sort_keys=True) if as_json else result)
 
 

@@ -118,6 +118,14 @@ class RestartReport:
         }
 
 
+class RequestRejected(ValueError):
+    """The control plane refused a request; ``reasons`` says why, one line each."""
+
+    def __init__(self, reasons: Sequence[str]) -> None:
+        self.reasons = list(reasons)
+        super().__init__("; ".join(self.reasons) or "rejected")
+
+
 def new_correlation_id() -> str:
     return f"req-{uuid.uuid4().hex[:16]}"
 
@@ -165,6 +173,7 @@ class Engine:
         self.telemetry_listeners: list[Callable[[Telemetry], None]] = []
         self._state_out: list[tuple[Workload, Transition]] = []
         self._calls: deque[Callable[[], None]] = deque()
+        self._ingested_unflushed: dict[str, None] = {}
         self._applied = 0  # changes applied (under the lock)
         self._durable = 0  # changes known durable
         self._flush_mutex = threading.Lock()
@@ -276,9 +285,9 @@ class Engine:
         self._wake.set()
 
     # ============================================================== durability
-    def _flush_locked(self) -> None:
+    def _flush_locked(self, extra: Callable[[Any], None] | None = None) -> None:
         try:
-            self.writer.flush()
+            self.writer.flush(extra)
         except Exception as exc:  # the store is down: keep everything, say so, retry next tick
             self.degraded = f"store unavailable: {db._describe(exc)}"
             raise
@@ -508,6 +517,52 @@ class Engine:
         self._commit()
         self._wake.set()
         return result
+
+    def ingest(
+        self,
+        event_id: str,
+        actions: Sequence[Action],
+        *,
+        actor: str,
+        correlation_id: str | None = None,
+        what: dict[str, Any] | None = None,
+    ) -> bool:
+        """Apply a bus event's actions exactly once; False if it was already processed.
+
+        The event id goes into ``processed_events`` in the same transaction as
+        the state it changed and its audit record. A rejected request raises
+        :class:`RequestRejected` (nothing applied, nothing stored). If the
+        flush fails after the apply, the event is remembered: a redelivery
+        only retries the flush, never the apply.
+        """
+        with self.lock:
+            now = self.clock.now()
+
+            def mark(c: Any) -> None:
+                self.repo.mark_processed(c, event_id, now)
+
+            if event_id in self._ingested_unflushed:
+                self._flush_locked(extra=mark)
+                self._ingested_unflushed.pop(event_id, None)
+                return True
+            if self.repo.is_processed(event_id):
+                return False
+            result = self.cp.apply(actions, cause_id=correlation_id or event_id, event_id=event_id)
+            if result.duplicate:
+                return False
+            if not result.accepted:
+                raise RequestRejected(result.reasons())
+            self.writer.note_audit(
+                "request", actor, {**(what or {}), "event_id": event_id,
+                                   "workloads": list(result.created)},
+                workload=result.created[0] if len(result.created) == 1 else None,
+                correlation_id=correlation_id,
+            )
+            self._ingested_unflushed[event_id] = None
+            self._flush_locked(extra=mark)
+            self._ingested_unflushed.pop(event_id, None)
+        self._wake.set()
+        return True
 
     def record_reasoning(
         self, record: dict[str, Any], *, correlation_id: str | None = None, actor: str = "agent"

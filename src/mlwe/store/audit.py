@@ -232,6 +232,11 @@ def _is_lock_error(exc: OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
+# Built once: constructing statements costs more than running them here.
+_HEAD = select(audit.c.seq, audit.c.hash).order_by(audit.c.seq.desc()).limit(1)
+_INSERT = insert(audit)
+
+
 class AuditLog:
     """The append-only, hash-chained audit log over one database."""
 
@@ -362,17 +367,18 @@ class AuditLog:
         entry = build(seq + 1, prev_hash)
         try:
             conn.execute(
-                insert(audit).values(
-                    seq=entry.seq,
-                    time=entry.time,
-                    kind=entry.kind,
-                    actor=entry.actor,
-                    workload=entry.workload,
-                    correlation_id=entry.correlation_id,
-                    payload=entry.payload,
-                    prev_hash=entry.prev_hash,
-                    hash=entry.hash,
-                )
+                _INSERT,
+                {
+                    "seq": entry.seq,
+                    "time": entry.time,
+                    "kind": entry.kind,
+                    "actor": entry.actor,
+                    "workload": entry.workload,
+                    "correlation_id": entry.correlation_id,
+                    "payload": entry.payload,
+                    "prev_hash": entry.prev_hash,
+                    "hash": entry.hash,
+                },
             )
         except IntegrityError as exc:
             raise _SeqTaken(entry.seq, exc) from exc
@@ -382,9 +388,7 @@ class AuditLog:
 
     @staticmethod
     def _head(conn: Connection) -> tuple[int, str]:
-        row = conn.execute(
-            select(audit.c.seq, audit.c.hash).order_by(audit.c.seq.desc()).limit(1)
-        ).first()
+        row = conn.execute(_HEAD).first()
         if row is None:
             return 0, GENESIS_HASH
         return int(row[0]), str(row[1])

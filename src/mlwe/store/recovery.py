@@ -249,17 +249,18 @@ class StoreWriter:
         return self.cp
 
     # ----------------------------------------------------------------- flush
-    def flush(self) -> int:
+    def flush(self, extra: Callable[[Any], None] | None = None) -> int:
         """Write everything applied since the last flush, in one transaction.
 
         Returns how many workload rows were written. Retried on transient
         database errors; if it finally fails, nothing is dropped: the next
-        flush writes it all again (every write is idempotent).
+        flush writes it all again (every write is idempotent). ``extra(conn)``
+        runs in the same transaction (e.g. marking a bus event processed).
         """
         cp = self._cp()
         self._poll(cp)
         self.last_audit = []
-        if not self.pending():
+        if not self.pending() and extra is None:
             return 0
         for d in self._decisions:
             if d.workload in cp.workloads:  # e.g. a changed pending reason
@@ -307,6 +308,8 @@ class StoreWriter:
                             correlation_id=cid, conn=c,
                         )
                     )
+            if extra is not None:
+                extra(c)
 
         repo.write(go)
         # only now is it durable: forget exactly what was written

@@ -1,0 +1,118 @@
+"""Bus ingress: requests arriving as events (in-process bus or NATS JetStream) into the engine.
+
+A request is an envelope on ``mlwe.requests.<type>`` whose payload says what
+to do::
+
+    {"type": "submit", "workloads": [<workload spec>, ...], "actor": "ci-bot"}
+    {"type": "cancel", "workload": "ft-7"}
+    {"type": "node-status", "node": "gpu-3", "status": "cordoned", "reason": "flaky"}
+    {"type": "set-priority", "workload": "emb-2", "priority": 100}
+
+:class:`EngineIngress` is the bus's idempotent consumer with the engine as the
+effect: the event id is recorded as processed in the same transaction as the
+state change (see :meth:`mlwe.runtime.engine.Engine.ingest`), so redelivered
+and duplicated events have no second effect. A malformed or refused request
+is retried like any failure and then dead-lettered with the reasons, where an
+operator can read it (``mlwe events dead-letters``) and replay it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from sqlalchemy import Connection
+
+from mlwe.bus.base import Envelope, EnvelopeError
+from mlwe.bus.consumer import IdempotentConsumer
+from mlwe.core.actions import Action, Cancel, SetNodeStatus, SetPriority, Submit
+from mlwe.core.spec import NodeStatus, WorkloadSpec
+from mlwe.runtime.engine import Engine
+
+SUBJECT_FILTER = "mlwe.requests.>"
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    actor: str = Field(default="bus", max_length=128)
+
+
+class SubmitRequest(_Base):
+    type: Literal["submit"]
+    workloads: list[dict[str, Any]] = Field(min_length=1, max_length=10_000)
+
+
+class CancelRequest(_Base):
+    type: Literal["cancel"]
+    workload: str = Field(min_length=1, max_length=128)
+
+
+class NodeStatusRequest(_Base):
+    type: Literal["node-status"]
+    node: str = Field(min_length=1, max_length=128)
+    status: NodeStatus
+    reason: str = Field(default="", max_length=500)
+
+
+class SetPriorityRequest(_Base):
+    type: Literal["set-priority"]
+    workload: str = Field(min_length=1, max_length=128)
+    priority: int
+
+
+Request = Annotated[
+    SubmitRequest | CancelRequest | NodeStatusRequest | SetPriorityRequest,
+    Field(discriminator="type"),
+]
+_REQUEST: TypeAdapter[Any] = TypeAdapter(Request)  # type: ignore[arg-type]
+
+
+def decode_request(payload: dict[str, Any], catalog: Any = None) -> tuple[list[Action], str]:
+    """The control-plane actions a request payload asks for, and its actor.
+
+    Raises :class:`EnvelopeError` naming the field when the payload is malformed.
+    """
+    try:
+        req = _REQUEST.validate_python(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise EnvelopeError(f"bad request: {where}: {first['msg']}") from None
+    if isinstance(req, SubmitRequest):
+        specs = []
+        ctx = {"catalog": catalog} if catalog is not None else None
+        for i, doc in enumerate(req.workloads):
+            try:
+                specs.append(WorkloadSpec.model_validate(doc, context=ctx))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise EnvelopeError(f"bad request: workloads[{i}].{where}: {first['msg']}") from None
+        return [Submit(s) for s in specs], req.actor
+    if isinstance(req, CancelRequest):
+        return [Cancel(req.workload)], req.actor
+    if isinstance(req, NodeStatusRequest):
+        return [SetNodeStatus(req.node, req.status, req.reason or f"set by {req.actor}")], req.actor
+    return [SetPriority(req.workload, req.priority, f"set by {req.actor}")], req.actor
+
+
+class EngineIngress(IdempotentConsumer):
+    """The idempotent consumer whose effect is an engine request (module docstring)."""
+
+    def __init__(self, engine: Engine, **kwargs: Any) -> None:
+        self.eng = engine
+        super().__init__(engine.repo.engine, self._no_handler, clock=engine.clock.now, **kwargs)
+
+    @staticmethod
+    def _no_handler(envelope: Envelope, conn: Connection) -> None:  # pragma: no cover
+        raise AssertionError("EngineIngress applies through the engine")
+
+    def _apply_on(self, conn: Connection, envelope: Envelope) -> bool:
+        actions, actor = decode_request(envelope.payload, self.eng.cp.catalog)
+        return self.eng.ingest(
+            envelope.id,
+            actions,
+            actor=actor,
+            correlation_id=envelope.correlation_id,
+            what={"action": envelope.payload.get("type"), "subject": envelope.subject},
+        )
