@@ -4,6 +4,7 @@ actions and proposals, and correlation ids from request to stream."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -260,4 +261,32 @@ def test_submit_through_the_control_plane_only(tmp_path: Path) -> None:
     # the engine's submit is Submit actions through apply: the same check as any proposal
     r = eng.propose([Submit(job("p"))], actor="agent:rules")
     assert r.accepted and "p" in eng.cp.workloads
+    eng.close()
+
+
+def test_maintenance_stores_downsamples_and_snapshots(tmp_path: Path) -> None:
+    from mlwe.runtime import EngineConfig
+
+    clock = WallClock(speed=50.0)
+    eng = Engine.open(
+        cluster(), LiveSimBackend(clock), data_dir=tmp_path, clock=clock,
+        config=EngineConfig(telemetry_store_every_s=1.0, telemetry_downsample_after_s=0.0,
+                            telemetry_downsample_to_s=10),
+    )
+    eng.submit([job("a", secs=600)])
+    assert eng.run_until(lambda e: e_state(e, "a") is State.RUNNING, 20)
+    for _ in range(20):
+        eng.tick()
+        import time as _t
+
+        _t.sleep(0.02)
+    eng._store_telemetry()
+    raw = eng.repo.telemetry(workload="a")
+    assert len(raw) >= 3, "the simulated backend's telemetry was stored"
+    _t.sleep(0.5)  # 25 engine seconds: every stored sample is now in a closed 10 s bucket
+    eng.maintenance()
+    after = eng.repo.telemetry(workload="a")
+    assert 0 < len(after) < len(raw) and all(s.resolution_s == 10 for s in after)
+    snap = eng.repo.latest_snapshot()
+    assert snap is not None and json.loads(snap.state)["workloads"]["running"] == 1
     eng.close()

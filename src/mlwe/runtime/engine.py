@@ -696,10 +696,34 @@ class Engine:
                 now - cfg.telemetry_downsample_after_s, cfg.telemetry_downsample_to_s
             )
             pruned = self.repo.prune_telemetry(cfg.telemetry_retention_s, now)
+            with self.lock:
+                summary = self.summary()
+            self.repo.save_snapshot(summary["version"], now, summary)
         except Exception:
-            log.warning("telemetry maintenance failed", exc_info=True)
+            log.warning("store maintenance failed", exc_info=True)
             return {}
         return {"downsampled": merged, "pruned": pruned}
+
+    def summary(self) -> dict[str, Any]:
+        """A small state snapshot: counts by state, node status and GPU use (call under lock)."""
+        cp = self.cp
+        states: dict[str, int] = {}
+        for w in cp.workloads.values():
+            states[w.state.value] = states.get(w.state.value, 0) + 1
+        nodes: dict[str, int] = {}
+        gpu_total = gpu_free = 0
+        for info in cp.capacity.nodes():
+            st = cp.node_status(info.name).value
+            nodes[st] = nodes.get(st, 0) + 1
+            gpu_total += info.capacity.gpu
+            gpu_free += cp.capacity.free(info.name).gpu
+        return {
+            "version": cp.version,
+            "workloads": states,
+            "nodes": nodes,
+            "gpus": gpu_total // 1000,
+            "gpus_allocated": (gpu_total - gpu_free) / 1000,
+        }
 
     def start(self, period_s: float | None = None) -> None:
         """Run the loop on a background thread until :meth:`stop`."""
