@@ -101,7 +101,7 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from sklearn.svm import SVC
+    from sklearn.svm import SVC  # type: ignore[import-untyped]
 
     with np.load(a.data) as z:
         X, y = z["X"], z["y"]

@@ -22,7 +22,7 @@ Array = NDArray[Any]
 
 
 def load() -> tuple[Array, Array]:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
 
     data = load_digits()
     return np.asarray(data.data, dtype=np.float64), np.asarray(data.target, dtype=np.int64)
@@ -43,7 +43,7 @@ def shift(X: Array, kind: str, seed: int, severity: float = 1.0) -> Array:
     """A drifted copy of ``X`` (rows of 64 pixels in 0..16)."""
     if kind not in SHIFTS:
         raise ValueError(f"unknown shift {kind!r} (known: {', '.join(SHIFTS)})")
-    from scipy import ndimage
+    from scipy import ndimage  # type: ignore[import-untyped]
 
     rng = np.random.default_rng(seed)
     out = np.empty_like(X, dtype=np.float64)
