@@ -461,6 +461,14 @@ def bench_core(
     out.print(table)
 
 
+# the local backend: the workload daemon and its benchmark (bodies in mlwe.backends)
+from mlwe.backends.bench import bench_backend_command  # noqa: E402
+from mlwe.backends.local.cli import daemon_command  # noqa: E402
+
+app.command("daemon")(daemon_command)
+bench_app.command("backend")(bench_backend_command)
+
+
 def main() -> None:
     app()
 

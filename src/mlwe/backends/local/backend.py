@@ -92,6 +92,7 @@ class _Replica:
     stop_sent: bool = False
     code: int | None = None
     cause: str = ""
+    term_to_exit_s: float | None = None
 
 
 @dataclass
@@ -224,6 +225,7 @@ class LocalBackend:
         self.errors: deque[str] = deque(maxlen=1000)
         self._spawned: list[subprocess.Popen[bytes]] = []
         self._closed = False
+        self._closing = False
         self._t0 = time.monotonic()
         host, port = parse_address(listen, any_port=True)
         self._server = socket.create_server((host, port))
@@ -283,6 +285,7 @@ class LocalBackend:
         with self._lock:
             if self._closed:
                 return
+            self._closing = True
             live = [a for a in self._attempts.values() if not a.final]
             for a in live:
                 a.stop_requested = True
@@ -394,6 +397,16 @@ class LocalBackend:
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self._spawned.append(proc)
         return proc
+
+    def stop_wait_s(self, workload: str, attempt: int) -> float | None:
+        """How long the attempt's slowest replica took between SIGTERM and its exit (its
+        own checkpoint and shutdown, inside the grace period); None if not stopped so."""
+        with self._lock:
+            att = self._attempts.get((workload, attempt))
+            if att is None:
+                return None
+            waits = [r.term_to_exit_s for r in att.replicas.values() if r.term_to_exit_s is not None]
+            return max(waits) if waits else None
 
     def daemons(self) -> list[dict[str, Any]]:
         """The registered daemons, for status displays."""
@@ -530,7 +543,7 @@ class LocalBackend:
         node.down = True
         node.daemon = None
         node.queued.clear()
-        log.warning("node %s down: %s", name, reason)
+        log.log(logging.INFO if self._closing else logging.WARNING, "node %s down: %s", name, reason)
         self._emit(NodeDown(name, reason))
         for att in self._attempts.values():
             if att.final or not any(r.node == name for r in att.replicas.values()):
@@ -843,6 +856,8 @@ class LocalBackend:
         code = msg.get("code")
         r.code = code if isinstance(code, int) else None
         r.cause = str(msg.get("cause") or "")
+        t = msg.get("term_to_exit_s")
+        r.term_to_exit_s = float(t) if isinstance(t, int | float) else None
         if r.index == 0 and is_fraction(msg.get("checkpoint")):
             att.checkpoint = float(msg["checkpoint"])
         if att.failure is None and not att.stop_requested and (r.code != 0 or r.cause):

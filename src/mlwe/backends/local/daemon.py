@@ -223,6 +223,8 @@ class Replica:
     shutdown: bool = False  # the daemon is shutting down
     stop_deadline: float | None = None
     forced: bool = False
+    term_at: float | None = None  # when SIGTERM was sent
+    exit_at: float | None = None  # when the root process exited
     next_check: float | None = None  # when to look again whether the tree is gone
     pending: dict[str, Any] | None = None  # coalesced report not yet sent
     checkpoint: float | None = None  # progress of the last checkpoint reported
@@ -692,6 +694,7 @@ class Daemon:
             return
         rep.stop_deadline = deadline
         sample_trees([rep.tree], time.time())  # learn every descendant before signalling
+        rep.term_at = time.monotonic()
         signal_tree(rep.tree, signal.SIGTERM)
         log.info("SIGTERM to %s (grace %.1fs)", rep.key, grace)
 
@@ -710,6 +713,7 @@ class Daemon:
         if rep.proc.poll() is None:
             return
         rep.returncode = rep.proc.returncode
+        rep.exit_at = time.monotonic()
         if rep.pidfd is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(rep.pidfd)
@@ -766,7 +770,12 @@ class Daemon:
         self._fact({"type": "exited", "workload": wid, "attempt": attempt, "replica": index,
                     "node": rep.node, "code": code, "cause": cause, "stopped": rep.engine_stop,
                     "forced": rep.forced, "checkpoint": rep.checkpoint,
-                    "elapsed_s": round(time.monotonic() - rep.started, 3)})
+                    "elapsed_s": round(time.monotonic() - rep.started, 3),
+                    # the workload's own time between SIGTERM and its exit (inside the grace)
+                    "term_to_exit_s": (
+                        round(rep.exit_at - rep.term_at, 6)
+                        if rep.term_at is not None and rep.exit_at is not None else None
+                    )})
 
     # ----------------------------------------------------------------- reports
     def _close_report(self, rep: Replica) -> None:
