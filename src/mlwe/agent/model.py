@@ -88,14 +88,23 @@ class Hazard:
     The what-if engine plays hazards forward: a ``crash`` hazard fails every
     attempt after ``after_s`` seconds of running (an out-of-memory loop, say)
     unless the plan removes it; a ``waste`` hazard marks a run whose GPU time
-    produces nothing of value (a diverged loss)."""
+    produces nothing of value (a diverged loss); a ``hang`` hazard is a run
+    that holds its resources and never finishes (stalled progress); a
+    ``node-failure`` hazard names a NODE in ``workload`` that is expected to
+    fail ``after_s`` seconds from now (a degrading node); an ``overload``
+    hazard names an inference SERVICE in ``workload`` that is overloaded while
+    fewer than ``replicas`` of its replicas run."""
 
-    workload: str
-    kind: str  # "crash" | "waste"
+    workload: str  # the workload (the node, for node-failure)
+    kind: str  # "crash" | "waste" | "hang" | "node-failure" | "overload"
     after_s: float = 0.0
     cause: str = ""
     #: the hazard is gone once the workload asks at least this much memory (MiB)
     cleared_by_memory: int | None = None
+    #: the hazard holds only for this attempt (a restart clears it); None: every attempt
+    attempt: int | None = None
+    #: for "overload": the service (label value) needs this many running replicas
+    replicas: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_dict(
@@ -105,6 +114,8 @@ class Hazard:
                 "after_s": self.after_s,
                 "cause": self.cause,
                 "cleared_by_memory": self.cleared_by_memory,
+                "attempt": self.attempt,
+                "replicas": self.replicas,
             }
         )
 

@@ -1,4 +1,14 @@
-"""Reasoners: choose among candidate plans and explain why (see ``base``)."""
+"""Reasoners: choose among candidate plans and explain why (see ``base``).
+
+``make_reasoner(name)`` builds one by name. ``rules`` (the default) is
+deterministic and needs no network; LLM reasoners register here when their
+modules are importable (their optional dependencies are installed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from mlwe.agent.reasoners.base import (
     Choice,
@@ -9,13 +19,37 @@ from mlwe.agent.reasoners.base import (
     Situation,
     ToolCall,
 )
+from mlwe.agent.reasoners.rules import DEFAULT_WEIGHTS, RulesReasoner
+
+#: name -> factory; LLM reasoners are added by ``register`` from their own modules
+REASONERS: dict[str, Callable[..., Reasoner]] = {"rules": RulesReasoner}
+
+
+def register(name: str, factory: Callable[..., Reasoner]) -> None:
+    REASONERS[name] = factory
+
+
+def make_reasoner(name: str = "rules", **options: Any) -> Reasoner:
+    try:
+        factory = REASONERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown reasoner {name!r}; available: {', '.join(sorted(REASONERS))}"
+        ) from None
+    return factory(**options)
+
 
 __all__ = [
+    "DEFAULT_WEIGHTS",
+    "REASONERS",
     "Choice",
     "Consideration",
     "Feedback",
     "Reasoner",
     "ReasoningTrace",
+    "RulesReasoner",
     "Situation",
     "ToolCall",
+    "make_reasoner",
+    "register",
 ]
