@@ -30,6 +30,9 @@ audit_app = typer.Typer(help="The tamper-evident decision audit.", no_args_is_he
 app.add_typer(audit_app, name="audit")
 events_app = typer.Typer(help="Event ingress: dead letters and replay.", no_args_is_help=True)
 app.add_typer(events_app, name="events")
+from mlwe.agent.cli import agent_app  # noqa: E402  (the agent's commands live in mlwe.agent)
+
+app.add_typer(agent_app, name="agent")
 
 DataDir = Annotated[
     Path | None, typer.Option("--data-dir", help="data directory of the default SQLite store (./.mlwe)")
