@@ -21,8 +21,26 @@ from mlwe.agent.reasoners.base import (
 )
 from mlwe.agent.reasoners.rules import DEFAULT_WEIGHTS, RulesReasoner
 
-#: name -> factory; LLM reasoners are added by ``register`` from their own modules
-REASONERS: dict[str, Callable[..., Reasoner]] = {"rules": RulesReasoner}
+
+def _openai(**options: Any) -> Reasoner:
+    # imported on use: a model client is optional, and configured from the environment
+    from mlwe.agent.reasoners.llm_openai import OpenAIReasoner
+
+    return OpenAIReasoner.from_env(**options)
+
+
+def _adk(**options: Any) -> Reasoner:
+    from mlwe.agent.reasoners.llm_adk import AdkReasoner
+
+    return AdkReasoner.from_env(**options)
+
+
+#: name -> factory; the LLM reasoners raise LLMNotConfigured naming what to set
+REASONERS: dict[str, Callable[..., Reasoner]] = {
+    "rules": RulesReasoner,
+    "openai": _openai,
+    "adk": _adk,
+}
 
 
 def register(name: str, factory: Callable[..., Reasoner]) -> None:
