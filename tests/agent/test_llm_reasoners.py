@@ -375,3 +375,51 @@ def test_selecting_an_llm_reasoner_without_a_model_says_what_to_configure(
     monkeypatch.setenv("MLWE_OPENAI_MODEL", "llama")
     monkeypatch.setenv("MLWE_OPENAI_BASE_URL", "http://127.0.0.1:11434/v1")
     assert make_reasoner("openai").name == "openai"
+
+
+def test_the_agent_loop_with_an_llm_reasoner_survives_a_hallucination() -> None:
+    """The whole MAPE loop on the SLA scenario, the reasoner being the openai one
+    talking to a stand-in that hallucinates on its first turn, then picks the
+    candidate with the best stated benefit (a scripted policy, not a model)."""
+    from mlwe.agent.scenarios import run_world, sla_fine_tune
+
+    turns = {"hallucinated": 0}
+
+    def standin(body: dict[str, Any]) -> Reply:
+        msgs = body["messages"]
+        if msgs[-1]["role"] == "tool":
+            return Reply(text="done")
+        sit = json.loads(msgs[1]["content"].split("\n")[1])
+        if not sit["feedback"] and not turns["hallucinated"]:
+            turns["hallucinated"] += 1
+            return Reply(calls=(("propose", {"rationale": "trust me", "actions": [
+                {"kind": "preempt", "victim": "ft-sla", "preemptor": "train-0"},
+                {"kind": "set-priority", "workload": "ghost", "priority": 1}]}),))
+        tried = {f["plan_id"] for f in sit["feedback"]}
+        open_ = [c for c in sit["candidates"] if c["id"] not in tried]
+        if not open_:
+            return Reply(text="nothing to do")
+        f = [c["factors"] for c in open_]
+        best = open_[max(range(len(open_)), key=lambda i: f[i].get("benefit", 0)
+                         - f[i].get("cost", 0) - f[i].get("risk", 0))]
+        return Reply(calls=(("propose", {"plan_id": best["id"], "rationale": "best benefit"}),))
+
+    sc = sla_fine_tune()
+    with StandInOpenAI(script=[standin] * 100) as server:
+        world = run_world(sc, with_agent=True, reasoner=OpenAIReasoner(
+            "standin-model", base_url=server.base_url))
+        asked_again = [json.loads(r["messages"][1]["content"].split("\n")[1])["feedback"]
+                       for r in server.requests if r["messages"][-1]["role"] == "user"]
+    assert world.agent is not None
+    records = list(world.agent.records)
+    assert records[0]["outcome"] == "not-verified"
+    assert records[0]["trace"]["reasoner"] == "openai"
+    assert "unknown workload 'ghost'" in " ".join(records[0]["reasons"])
+    assert "priority rule" in " ".join(records[0]["reasons"])
+    # the rejection went back to the model with its reasons, and it chose again
+    assert asked_again[1][0]["outcome"] == "not-verified"
+    assert records[1]["outcome"] == "committed"
+    assert world.committed() == [records[1]["trace"]["chose"]]
+    assert world.cp.workloads.get("ghost") is None
+    checks = sc.expect(world, run_world(sc, with_agent=False))
+    assert all(ok for _, ok, _ in checks), checks
