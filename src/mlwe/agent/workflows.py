@@ -1119,7 +1119,7 @@ def _r_checkpoint(ctx: StepContext) -> Outcome:
         # asked before a restart, but the record had not said so yet
         st.setdefault("victim_attempt", v.attempt)
         st["preempted"] = True
-        return Next(f"{v.id} was already asked to checkpoint (found after a restart)")
+        return Next(f"{v.id} is already {v.state.value}, preempted for {w.id} (before a restart, or by the scheduler)")
     if w.state in HOLDING or w.state is State.SUCCEEDED:
         return Finish(True, f"{w.id} is {w.state.value} already; no preemption needed")
     if w.state not in QUEUED:
