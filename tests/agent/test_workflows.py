@@ -43,10 +43,12 @@ from mlwe.core.scheduler import Scheduler, SchedulerConfig
 from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from mlwe.sim.backend import SimBackend, SimBackendConfig
 from mlwe.sim.kernel import Kernel
+from mlwe.store import db
 from mlwe.store import schema as S
 from mlwe.store.audit import AuditLog
 from mlwe.store.recovery import StoreWriter, attach, recover
 from mlwe.store.repository import Repository
+from tests.store.conftest import PG_URL, require_postgres
 
 A100 = "A100-80GB"
 
@@ -128,6 +130,7 @@ class Env:
         durations: dict[str, float],
         *,
         tmp: Path | None = None,
+        repo: Repository | None = None,
         retry_base_s: float = 1e7,
         eviction_delay_s: float = 5.0,
         preemption: bool = False,
@@ -145,7 +148,9 @@ class Env:
         self.preemption = preemption
         cp = build_control_plane(self.cluster, self.kernel.clock)
         if tmp is not None:
-            self.repo = Repository.open(url=f"sqlite:///{tmp / 'mlwe.db'}", upgrade=True)
+            repo = Repository.open(url=f"sqlite:///{tmp / 'mlwe.db'}", upgrade=True)
+        if repo is not None:
+            self.repo = repo
             self.audit = AuditLog(self.repo.engine, clock=self.kernel.clock.now)
             self.writer = attach(self.repo, cp, sync=True)
         self._wire(cp, WorkflowEngine(cp, scheduler=self.scheduler(), repo=self.repo,
@@ -399,10 +404,10 @@ def test_a_preemption_lost_in_a_crash_is_asked_again(tmp_path: Path) -> None:
 
 
 # ============================================================ recovery
-def recover_env(tmp: Path | None = None, **kw: Any) -> Env:
+def recover_env(tmp: Path | None = None, repo: Repository | None = None, **kw: Any) -> Env:
     """n1 (8 GPUs) is the best fit for an 8-GPU job, n2 (16 GPUs) the fallback: the
     scheduler puts the job back on n1 every time; only a move takes it to n2."""
-    env = Env([gpu_node("n1", 8), gpu_node("n2", 16)], {"job": 1000.0}, tmp=tmp, **kw)
+    env = Env([gpu_node("n1", 8), gpu_node("n2", 16)], {"job": 1000.0}, tmp=tmp, repo=repo, **kw)
     env.backend.crash_after_s = 20.0
     return env
 
@@ -733,3 +738,40 @@ def test_workflows_in_the_runtime_engine_are_audited_and_durable(tmp_path: Path)
     assert stored is not None and stored.status == WorkflowStatus.DONE
     assert stored.correlation_id == "ops-1"
     eng2.close()
+
+
+@pytest.fixture
+def pg_engine() -> Any:
+    """A fresh schema on this machine's PostgreSQL (skipped without one; under CI=true, failed)."""
+    import uuid
+
+    require_postgres()
+    name = f"mlwe_wf_{uuid.uuid4().hex[:12]}"
+    admin = db.make_engine(PG_URL)
+    with admin.begin() as c:
+        c.exec_driver_sql(f'CREATE SCHEMA "{name}"')
+    engine = db.make_engine(PG_URL, schema_name=name)
+    db.migrate(engine)
+    yield engine
+    engine.dispose()
+    with admin.begin() as c:
+        c.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    admin.dispose()
+
+
+def test_workflows_on_postgresql(pg_engine: Any) -> None:
+    """The same store code on PostgreSQL: rows, dead letter and audit, then a restart."""
+    engine = pg_engine
+    env = recover_env(repo=Repository(engine))
+    env.backend.crash_on_nodes.update({"n1", "n2"})
+    wf = start_failing(env, backoff_base_s=5, max_retries=1, healthy_after_s=60)
+    env.wf.max_moves_per_tick = 1
+    env.drive(until=5000, stop=lambda: wf.step_name == "move")
+    env.restart(runtime_retries=False)
+    again = env.wf.active[wf.id]
+    env.drive(until=5000, stop=lambda: not again.active)
+    assert again.status == WorkflowStatus.FAILED
+    assert [d.event_id for d in dead_letters(engine)] == [f"workflow:{wf.id}:gave-up"]
+    assert env.audit is not None and env.audit.verify().ok
+    stored = env.wf.get(wf.id)
+    assert stored is not None and stored.status == WorkflowStatus.FAILED
