@@ -110,7 +110,7 @@ def assert_refused_by_control_plane(cp: ControlPlane, plan: CandidatePlan) -> No
          "actions[0]: action kind 'place' is not one an agent may propose"),
         ("propose", {"rationale": "r", "actions": [{"kind": "set-resources", "workload": "x",
                                                     "resources": {"memory": "-4Gi"}}]},
-         "actions[0]: set-resources: memory: Value error, cannot parse memory quantity"),
+         "memory: Value error, cannot parse memory quantity '-4Gi'"),
         ("what_if", {"actions": [{"kind": "preempt", "victim": "a"}]},
          "actions[0]: preempt: missing"),
     ],
