@@ -35,6 +35,21 @@ workflow is never ahead of the cluster state. Steps are written as "ensure"
 operations (look first, act only if the effect is missing, go back a step if
 an earlier effect was lost), so a crash anywhere resumes at the right step:
 :meth:`WorkflowEngine.load` rebuilds the engine from the store.
+
+Wiring into the runtime (``mlwe.runtime.Engine``; call ``start``/``cancel``
+under ``engine.lock``, the tick hook already runs under it)::
+
+    workflows = WorkflowEngine.load(
+        engine.cp, engine.repo, scheduler=engine.scheduler, audit=engine.audit,
+        proposer=AuditingProposer(engine.cp, engine.writer.note_audit))
+    engine.tick_hooks.append(workflows.tick_hook())  # stores the last tick, then ticks
+
+In the runtime the scheduling cycle runs before the hooks, so the scheduler
+may place a released preemptor or a retried workload before a step does;
+the steps take that as done. The reconciler also retries failed workloads by
+itself (and at once after a restart); the recovery workflow counts such a
+retry as its own and adds what the runtime does not: moving off the failing
+nodes, and giving up with a dead letter and an alert.
 """
 
 from __future__ import annotations
