@@ -296,6 +296,12 @@ class Engine:
 
     def _commit(self) -> None:
         """Return once everything applied so far is durable (group commit)."""
+        if self.lock._is_owned():  # type: ignore[attr-defined]
+            # called under the engine lock (a tick hook: agent, workflows): nobody else can
+            # be flushing, and waiting for the flush mutex here would deadlock with a
+            # request thread that holds it and waits for the lock
+            self._flush_locked()
+            return
         with self.lock:
             self._applied += 1
             target = self._applied
