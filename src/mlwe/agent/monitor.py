@@ -132,8 +132,10 @@ class Monitor:
                 self._progress(w.id, w.progress, now)
 
     def _progress(self, wid: str, value: float, t: float) -> None:
+        # progress comes from the control plane (backend facts) and from telemetry;
+        # either moving forward counts (a restart resets it on the RUNNING edge)
         m = self.workloads.setdefault(wid, WorkloadMemory())
-        if value != m.progress:
+        if value > m.progress:
             m.progress, m.progress_since = value, t
 
     def _on_transition(self, w: Workload, tr: Transition) -> None:
