@@ -31,6 +31,9 @@ Wiring into the runtime (``mlwe.runtime.Engine``)::
                   audit_sink=...)
     engine.telemetry_listeners.append(lambda s: agent.observe([s]))
     engine.tick_hooks.append(lambda e: agent.tick())
+
+which is what :func:`attach` does (the engine is duck-typed: the agent does not
+import the runtime, an outer layer).
 """
 
 from __future__ import annotations
@@ -174,6 +177,7 @@ class Agent:
         self.outcomes: list[Outcome] = []
         self.ticks = 0
         self.analyses = 0
+        self._detachers: list[Callable[[], None]] = []
 
     @property
     def mode(self) -> Mode:
@@ -469,7 +473,60 @@ class Agent:
 
     def close(self) -> None:
         self.monitor.detach()
+        for undo in self._detachers:
+            undo()
+        self._detachers.clear()
 
 
 def _rationale(choice: Choice) -> str:
     return "; ".join(choice.trace.why)[:2000]
+
+
+def attach(
+    engine: Any,
+    *,
+    mode: Mode | str = Mode.AUTONOMOUS,
+    reasoner: Reasoner | str | None = None,
+    config: AgentConfig | None = None,
+    name: str = "agent",
+) -> Agent:
+    """An agent driving a runtime engine (``mlwe.runtime.Engine``, duck-typed).
+
+    Proposals go through ``engine.propose`` (verified, applied or rejected, and
+    audited by the engine), reasoning records through
+    ``engine.record_reasoning`` (stored, chained in the audit log, streamed on
+    "reasoning"), the other steps into the engine's audit; the agent takes
+    telemetry from ``engine.telemetry_listeners`` and ticks in
+    ``engine.tick_hooks`` under the engine lock. ``agent.close()`` detaches it.
+    """
+
+    def propose(actions: Sequence[Action], version: int | None, cid: str, why: str) -> ApplyResult:
+        result: ApplyResult = engine.propose(
+            actions, actor=name, expected_version=version, correlation_id=cid, rationale=why
+        )
+        return result
+
+    def reasoning(rec: dict[str, Any]) -> None:
+        engine.record_reasoning(rec, correlation_id=rec.get("correlation_id"), actor=name)
+
+    def audit(rec: dict[str, Any]) -> None:
+        engine.writer.note_audit(
+            "agent", name, rec, workload=None, correlation_id=rec.get("correlation_id")
+        )
+
+    agent = Agent(engine.cp, reasoner=reasoner, mode=mode, config=config, propose=propose,
+                  reasoning_sink=reasoning, audit_sink=audit, lock=engine.lock, name=name)
+
+    def on_sample(sample: Telemetry) -> None:
+        agent.observe([sample])
+
+    def on_tick(_engine: Any) -> None:
+        agent.tick()
+
+    engine.telemetry_listeners.append(on_sample)
+    engine.tick_hooks.append(on_tick)
+    agent._detachers += [
+        lambda: engine.telemetry_listeners.remove(on_sample),
+        lambda: engine.tick_hooks.remove(on_tick),
+    ]
+    return agent
