@@ -472,6 +472,12 @@ app.command("daemon")(daemon_command)
 bench_app.command("backend")(bench_backend_command)
 
 
+# the service commands (serve, submit, status, explain, cancel, nodes, watch, token, bench api)
+from mlwe.api.cli import register as _register_service  # noqa: E402
+
+_register_service(app, bench_app)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,208 @@
+"""The FastAPI app factory: routes, auth, limits, headers, metrics and the dashboard.
+
+``create_app(engine)`` serves one running :class:`~mlwe.runtime.Engine`:
+
+- ``/api/v1/...``: the REST API (OpenAPI at ``/openapi.json``); every route
+  declares the least role it needs (``mlwe.api.auth.requires``);
+- ``/api/v1/streams``: Server-Sent Events (telemetry, state, reasoning, audit);
+- ``/metrics``: Prometheus (viewer token);
+- ``/healthz``, ``/readyz``: liveness and readiness (public, no data);
+- ``/``: the dashboard (static files, public: it holds no data until a token is given).
+
+The factory refuses to build an app in which a route declares no role and is
+not listed in :data:`PUBLIC_PATHS`, so a new route cannot be left open by
+mistake. Swagger UI and ReDoc are off: they load scripts from a CDN.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
+
+from mlwe.api import errors
+from mlwe.api.auth import Principal, Role, TokenStore, declared_role, requires
+from mlwe.api.context import ApiContext, ApiSettings, get_ctx
+from mlwe.api.metrics import ApiMetrics, RequestMetrics
+from mlwe.api.models import Health
+from mlwe.api.relay import DecisionRelay
+from mlwe.api.routes import cluster, ops, streams, workloads
+from mlwe.api.security import BodySizeLimit, RateLimiter, SecurityHeaders
+from mlwe.api.sse import StreamStats
+from mlwe.api.submitter import SubmitQueue
+from mlwe.core.spec import WorkloadSpec
+from mlwe.dashboard import STATIC_DIR
+from mlwe.runtime.engine import Engine
+
+log = logging.getLogger("mlwe.api")
+
+API_PREFIX = "/api/v1"
+#: Routes anyone may call: liveness, readiness, the schema, and the dashboard's static files.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/static"})
+
+
+def create_app(
+    engine: Engine,
+    *,
+    tokens: TokenStore | None = None,
+    settings: ApiSettings | None = None,
+    agent: Any | None = None,
+    bus: Any | None = None,
+    relay_decisions: bool = True,
+) -> FastAPI:
+    settings = settings or ApiSettings()
+    tokens = tokens or TokenStore(engine.repo.engine, cache_ttl_s=settings.token_cache_s)
+    stream_stats = StreamStats()
+    metrics = ApiMetrics(engine, stream_stats)
+    ctx = ApiContext(
+        engine=engine,
+        tokens=tokens,
+        settings=settings,
+        limiter=RateLimiter(settings.submit_rate_per_s, settings.submit_burst),
+        metrics=metrics,
+        stream_stats=stream_stats,
+        submitter=SubmitQueue(engine),
+        agent=agent,
+        bus=bus,
+    )
+    relay = DecisionRelay(engine) if relay_decisions else None
+
+    app = FastAPI(
+        title="mlwe",
+        version="1",
+        summary="ML Workload Engine: verified scheduling for shared ML clusters",
+        docs_url=None,
+        redoc_url=None,
+        responses=errors.COMMON_RESPONSES,
+    )
+    app.state.ctx = ctx
+    app.state.tokens = tokens
+    app.state.relay = relay
+    errors.install(app)
+
+    app.include_router(workloads.router, prefix=API_PREFIX)
+    app.include_router(cluster.router, prefix=API_PREFIX)
+    app.include_router(ops.router, prefix=API_PREFIX)
+    app.include_router(streams.router, prefix=API_PREFIX)
+
+    @app.get("/healthz", response_model=Health, tags=["system"], summary="Liveness (public)")
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok", "checks": {}}
+
+    @app.get(
+        "/readyz",
+        response_model=Health,
+        tags=["system"],
+        summary="Readiness: store writable and engine loop running (public)",
+        responses={503: {"model": Health, "description": "not ready"}},
+    )
+    def readyz(request: Request) -> Response:
+        c = get_ctx(request)
+        h = c.engine.health()
+        ready = h.get("status") == "ok" and bool(h.get("loop_running"))
+        checks = {
+            "store": "ok" if not h.get("degraded") else "degraded",
+            "loop": "running" if h.get("loop_running") else "stopped",
+        }
+        body = {"status": "ready" if ready else "not ready", "checks": checks}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get(
+        "/metrics",
+        tags=["system"],
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
+    def prometheus(request: Request, principal: Annotated[Principal, requires(Role.VIEWER)]) -> Response:
+        data = get_ctx(request).metrics.render()
+        return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    _check_roles(app)
+    _add_spec_schema(app)
+
+    # outermost last: headers on everything, then size limits, then metrics
+    app.add_middleware(RequestMetrics, metrics=lambda: ctx.metrics)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID", "X-Correlation-ID"],
+            allow_credentials=False,
+            max_age=600,
+        )
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+def iter_api_routes(app: FastAPI) -> list[tuple[str, frozenset[str], APIRoute]]:
+    """(full path, methods, route) of every API route, however routers were included.
+
+    FastAPI >= 0.16x keeps included routers lazily (``iter_route_contexts``);
+    older versions flatten them into ``app.routes``. Both are handled.
+    """
+    out: list[tuple[str, frozenset[str], APIRoute]] = []
+    try:
+        from fastapi.routing import iter_route_contexts
+    except ImportError:
+        for r in app.routes:
+            if isinstance(r, APIRoute):
+                out.append((r.path, frozenset(r.methods or ()), r))
+        return out
+    for rc in iter_route_contexts(app.routes):
+        route = rc.original_route
+        if isinstance(route, APIRoute):
+            out.append((str(rc.path), frozenset(rc.methods or route.methods or ()), route))
+    return out
+
+
+def _check_roles(app: FastAPI) -> None:
+    """Every API route declares a role, or is explicitly public."""
+    missing = [
+        f"{','.join(sorted(methods))} {path}"
+        for path, methods, route in iter_api_routes(app)
+        if declared_role(route.dependant) is None and path not in PUBLIC_PATHS
+    ]
+    if missing:
+        raise RuntimeError("routes without a declared role: " + "; ".join(missing))
+
+
+def route_roles(app: FastAPI) -> list[tuple[str, str, Role | None]]:
+    """(method, path, role) for every route; None for the public ones."""
+    return [
+        (m, path, declared_role(route.dependant))
+        for path, methods, route in iter_api_routes(app)
+        for m in sorted(methods)
+    ]
+
+
+def _add_spec_schema(app: FastAPI) -> None:
+    """Put WorkloadSpec's JSON schema in the OpenAPI components (the submit body refers to it)."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = original()
+        spec = WorkloadSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, sub in spec.pop("$defs", {}).items():
+            comps.setdefault(name, sub)
+        comps["WorkloadSpec"] = spec
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,47 @@
+"""What every route needs: the engine, the token store, the settings, and the optional parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from mlwe.api.auth import TokenStore
+from mlwe.api.metrics import ApiMetrics
+from mlwe.api.security import RateLimiter
+from mlwe.api.sse import StreamStats
+from mlwe.api.submitter import SubmitQueue
+from mlwe.runtime.engine import Engine
+
+
+@dataclass
+class ApiSettings:
+    max_body_bytes: int = 1 << 20  # 1 MiB: a spec file of thousands of workloads still fits
+    submit_rate_per_s: float = 100.0  # workloads per second per token, sustained
+    submit_burst: int = 500  # workloads one token may submit at once
+    max_workloads_per_request: int = 500
+    cors_origins: tuple[str, ...] = ()  # none: browsers allow same-origin requests only
+    stream_buffer: int = 1000  # events buffered per stream client before dropping
+    stream_buffer_max: int = 10_000
+    heartbeat_s: float = 15.0
+    token_cache_s: float = 5.0
+
+
+@dataclass
+class ApiContext:
+    engine: Engine
+    tokens: TokenStore
+    settings: ApiSettings
+    limiter: RateLimiter
+    metrics: ApiMetrics
+    stream_stats: StreamStats
+    submitter: SubmitQueue
+    agent: Any | None = None  # the agent loop, when one runs (see routes/agent.py)
+    bus: Any | None = None  # the event bus, for dead-letter replay
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def get_ctx(request: Request) -> ApiContext:
+    ctx: ApiContext = request.app.state.ctx
+    return ctx

@@ -1,0 +1,340 @@
+"""The API's response and request bodies, as pydantic models.
+
+They are the OpenAPI schema: FastAPI validates every response against them,
+and the Schemathesis test checks that what goes over the wire matches.
+Times are engine-clock seconds (epoch seconds unless the engine runs a sped-up
+or simulated clock); resources use the engine's integer units (milli-GPU,
+MiB of VRAM, milli-CPU, MiB of RAM).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorItem(_Out):
+    path: str = Field(description="where the problem is: a field path, or empty")
+    message: str
+
+
+class ErrorBody(_Out):
+    """Every error response: a summary and, for bad input, each problem with its field."""
+
+    detail: str
+    errors: list[ErrorItem] = Field(default_factory=list)
+
+
+class ResourcesOut(_Out):
+    gpu: int = Field(description="milli-GPU")
+    vram: int = Field(description="MiB")
+    cpu: int = Field(description="milli-CPU")
+    ram: int = Field(description="MiB")
+
+
+class TransitionOut(_Out):
+    time: float
+    source: str | None
+    target: str
+    reason: str
+    cause_id: str | None
+
+
+class ReplicaOut(_Out):
+    node: str
+    devices: list[int]
+    gpu_per_device: int
+    res: ResourcesOut
+
+
+class WorkloadSummary(_Out):
+    id: str
+    name: str
+    kind: str
+    queue: str
+    state: str
+    priority: int
+    replicas: int
+    gpus: float
+    submit_time: float
+    deadline: float | None
+    deadline_left_s: float | None = Field(description="seconds to the deadline (negative: missed)")
+    deadline_at_risk: bool
+    progress: float
+    attempt: int
+    preemptions: int
+    nodes: list[str]
+    pending_reason: str
+    owner: str | None
+    correlation_id: str | None
+
+
+class WorkloadDetail(WorkloadSummary):
+    spec: dict[str, Any]
+    history: list[TransitionOut]
+    placement: list[ReplicaOut]
+    preempted_by: str | None
+    victims: list[str]
+    failures: int
+    failure_cause: str | None
+    exit_code: int | None
+    work_done_s: float
+    remaining_estimate_s: float | None
+
+
+class WorkloadList(_Out):
+    total: int
+    items: list[WorkloadSummary]
+
+
+class SubmitResult(_Out):
+    accepted: bool
+    created: list[str]
+    version: int
+    correlation_id: str
+    rejections: list[str] = Field(default_factory=list)
+
+
+class ValidateResult(_Out):
+    valid: bool
+    workloads: int
+    errors: list[ErrorItem]
+
+
+class ActionResult(_Out):
+    accepted: bool
+    version: int
+    message: str
+    rejections: list[str] = Field(default_factory=list)
+
+
+class GpuDeviceOut(_Out):
+    index: int
+    free_milli: int
+    holders: list[dict[str, Any]] = Field(
+        description="workloads using this device: id, name, priority, milli, state"
+    )
+
+
+class NodeOut(_Out):
+    name: str
+    status: str
+    gpu_model: str | None
+    gpus: int
+    vram_per_gpu: int
+    labels: dict[str, str]
+    capacity: ResourcesOut
+    free: ResourcesOut
+    devices: list[GpuDeviceOut]
+    workloads: list[str]
+
+
+class NodeList(_Out):
+    items: list[NodeOut]
+
+
+class QueueOut(_Out):
+    name: str
+    cohort: str | None
+    weight: float
+    nominal: dict[str, int | None] = Field(description="quota per resource; null: unlimited")
+    borrowing_limit: dict[str, int | None]
+    usage: ResourcesOut
+    pending: int
+    running: int
+
+
+class QueueList(_Out):
+    items: list[QueueOut]
+
+
+class DecisionOut(_Out):
+    seq: int
+    time: float
+    version: int
+    kind: str
+    workload: str
+    policy: str
+    cause_id: str | None
+    inputs_digest: str
+    candidates: list[str]
+    chosen: str
+    reasons: list[str]
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class DecisionList(_Out):
+    items: list[DecisionOut]
+
+
+class Explanation(_Out):
+    workload: str
+    state: str
+    summary: str = Field(description="why it is where it is, in one paragraph")
+    pending_reason: str
+    preempted_by: str | None
+    victims: list[str]
+    history: list[TransitionOut]
+    decisions: list[DecisionOut]
+
+
+class AuditOut(_Out):
+    seq: int
+    time: float
+    kind: str
+    actor: str
+    workload: str | None
+    correlation_id: str | None
+    payload: dict[str, Any]
+    hash: str
+    prev_hash: str
+
+
+class AuditList(_Out):
+    items: list[AuditOut]
+
+
+class AuditVerifyOut(_Out):
+    ok: bool
+    checked: int
+    first_bad_seq: int | None
+    reason: str
+    head_seq: int
+    head_hash: str
+
+
+class DeadLetterOut(_Out):
+    event_id: str
+    time: float
+    subject: str
+    error: str
+    attempts: int
+    replayed: bool
+    processed: bool
+
+
+class DeadLetterList(_Out):
+    items: list[DeadLetterOut]
+
+
+class AgentStatus(_Out):
+    present: bool = Field(description="whether an agent loop runs in this engine")
+    mode: str | None
+    reasoner: str | None
+    pending_approvals: int
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class ApprovalOut(_Out):
+    id: str
+    time: float
+    summary: str
+    correlation_id: str | None
+    plan: dict[str, Any]
+
+
+class ApprovalList(_Out):
+    items: list[ApprovalOut]
+
+
+class ScenarioOut(_Out):
+    name: str
+    title: str
+    description: str
+
+
+class ScenarioList(_Out):
+    items: list[ScenarioOut]
+
+
+class ScenarioResult(_Out):
+    scenario: str
+    correlation_id: str
+    message: str
+    workloads: list[str]
+
+
+class StreamEventOut(_Out):
+    id: int
+    topic: str
+    time: float
+    correlation_id: str | None
+    workload: str | None
+    data: dict[str, Any]
+
+
+class StreamEventList(_Out):
+    last_id: int
+    items: list[StreamEventOut]
+
+
+class ClusterOut(_Out):
+    now: float
+    version: int
+    backend: str
+    nodes: list[NodeOut]
+    workloads: list[WorkloadSummary] = Field(
+        description="workloads that hold resources, wait in a queue, or have a deadline"
+    )
+    totals: dict[str, float]
+
+
+class TokenOut(_Out):
+    id: str
+    name: str
+    role: str
+    created: float
+    revoked: bool
+
+
+class TokenList(_Out):
+    items: list[TokenOut]
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="the bearer token; shown once, stored only as a hash")
+
+
+class WhoAmI(_Out):
+    token_id: str
+    name: str
+    role: str
+
+
+class Health(_Out):
+    status: str
+    checks: dict[str, Any] = Field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ requests
+class NodeAction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(default="", max_length=500)
+
+
+class AgentModeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: str = Field(description="autonomous, approve or observe")
+
+
+class ApprovalDecisionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    comment: str = Field(default="", max_length=1000)
+
+
+class TokenCreateIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=128)
+    role: str = Field(description="viewer, submitter, operator or admin")
+
+
+class ScenarioIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    target: str | None = Field(
+        default=None, max_length=128, description="a node or workload to aim at (optional)"
+    )

@@ -1,0 +1,241 @@
+"""Cluster routes: the dashboard snapshot, nodes (cordon, uncordon, drain), queues and
+quotas, scheduling decisions, stored telemetry and reasoning."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Path, Query
+from pydantic import ValidationError
+
+from mlwe.api import views
+from mlwe.api.auth import Principal, Role, requires
+from mlwe.api.context import ApiContext, get_ctx
+from mlwe.api.errors import ApiError
+from mlwe.api.models import (
+    ActionResult,
+    ClusterOut,
+    DecisionList,
+    ErrorBody,
+    NodeAction,
+    NodeList,
+    NodeOut,
+    QueueList,
+    QueueOut,
+    StreamEventList,
+)
+from mlwe.core.spec import NodeStatus, QueueSpec
+from mlwe.store.sanitize import sanitize
+
+router = APIRouter(tags=["cluster"])
+
+Ctx = Annotated[ApiContext, Depends(get_ctx)]
+NodeName = Annotated[str, Path(min_length=1, max_length=128)]
+_404: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "no such node"}}
+
+
+@router.get("/cluster", response_model=ClusterOut, summary="Snapshot for the dashboard")
+def cluster(ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]) -> dict[str, Any]:
+    eng = ctx.engine
+    with eng.lock:
+        return views.cluster_view(eng.cp, getattr(eng.backend, "name", "backend"))
+
+
+@router.get("/nodes", response_model=NodeList, summary="Nodes with capacity, free resources and GPUs")
+def nodes(ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]) -> dict[str, Any]:
+    eng = ctx.engine
+    with eng.lock:
+        return {"items": [views.node_view(eng.cp, n) for n in eng.cp.capacity.node_names()]}
+
+
+@router.get("/nodes/{node}", response_model=NodeOut, responses=_404, summary="One node")
+def node(node: NodeName, ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]) -> dict[str, Any]:
+    eng = ctx.engine
+    with eng.lock:
+        if node not in eng.cp.capacity:
+            raise ApiError(404, f"unknown node {node!r}")
+        return views.node_view(eng.cp, node)
+
+
+def _node_action(ctx: ApiContext, node: str, what: str, principal: Principal, reason: str) -> dict[str, Any]:
+    eng = ctx.engine
+    with eng.lock:
+        if node not in eng.cp.capacity:
+            raise ApiError(404, f"unknown node {node!r}")
+        status = eng.cp.capacity.status(node)
+    if what == "uncordon" and status is NodeStatus.DOWN:
+        raise ApiError(409, f"node {node} is down; it comes back when its backend reports it up")
+    why = reason or f"{what} by {principal.name}"
+    if what == "cordon":
+        result = eng.set_node_status(node, NodeStatus.CORDONED, why, actor=principal.actor)
+    elif what == "uncordon":
+        result = eng.set_node_status(node, NodeStatus.READY, why, actor=principal.actor)
+    else:
+        result = eng.drain(node, actor=principal.actor, reason=why)
+    if not result.accepted:
+        raise ApiError(409, f"cannot {what} {node}", [("", r) for r in result.reasons()])
+    return {"accepted": True, "version": result.version, "message": f"node {node}: {what}", "rejections": []}
+
+
+_409: dict[int | str, dict[str, Any]] = {**_404, 409: {"model": ErrorBody, "description": "refused in the node's current state"}}
+
+
+@router.post("/nodes/{node}/cordon", response_model=ActionResult, responses=_409, summary="Take nothing new")
+def cordon(
+    node: NodeName,
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.OPERATOR)],
+    body: Annotated[NodeAction | None, Body()] = None,
+) -> dict[str, Any]:
+    return _node_action(ctx, node, "cordon", principal, body.reason if body else "")
+
+
+@router.post("/nodes/{node}/uncordon", response_model=ActionResult, responses=_409, summary="Schedulable again")
+def uncordon(
+    node: NodeName,
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.OPERATOR)],
+    body: Annotated[NodeAction | None, Body()] = None,
+) -> dict[str, Any]:
+    return _node_action(ctx, node, "uncordon", principal, body.reason if body else "")
+
+
+@router.post(
+    "/nodes/{node}/drain",
+    response_model=ActionResult,
+    responses=_409,
+    summary="Cordon, then checkpoint and requeue everything running there",
+)
+def drain(
+    node: NodeName,
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.OPERATOR)],
+    body: Annotated[NodeAction | None, Body()] = None,
+) -> dict[str, Any]:
+    return _node_action(ctx, node, "drain", principal, body.reason if body else "")
+
+
+@router.get("/queues", response_model=QueueList, summary="Queues with quotas and usage")
+def queues(ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]) -> dict[str, Any]:
+    eng = ctx.engine
+    with eng.lock:
+        return {"items": views.queue_views(eng.cp)}
+
+
+@router.put(
+    "/queues/{queue}",
+    response_model=QueueOut,
+    summary="Create a queue or change its quota (admin)",
+    responses={409: {"model": ErrorBody, "description": "refused by the control plane"}},
+)
+def put_queue(
+    queue: Annotated[str, Path(min_length=1, max_length=128)],
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.ADMIN)],
+    body: Annotated[dict[str, Any], Body(description="a QueueSpec; its name defaults to the path's")],
+) -> dict[str, Any]:
+    data = {**body}
+    if data.setdefault("name", queue) != queue:
+        raise ApiError(422, "invalid queue spec", [("name", f"does not match the path ({queue!r})")])
+    eng = ctx.engine
+    try:
+        spec = QueueSpec.model_validate(data, context={"catalog": eng.cp.catalog})
+    except ValidationError as exc:
+        raise ApiError(
+            422,
+            "invalid queue spec",
+            [
+                (".".join(str(p) for p in e["loc"]), str(e["msg"]).removeprefix("Value error, "))
+                for e in exc.errors()
+            ],
+        ) from None
+    result = eng.set_queue(spec, actor=principal.actor)
+    if not result.accepted:
+        raise ApiError(409, f"cannot set queue {queue}", [("", r) for r in result.reasons()])
+    with eng.lock:
+        return next(q for q in views.queue_views(eng.cp) if q["name"] == queue)
+
+
+@router.get(
+    "/decisions",
+    response_model=DecisionList,
+    summary="Scheduling decisions (why placed, preempted, not placed, rejected)",
+)
+def decisions(
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.VIEWER)],
+    workload: Annotated[str | None, Query(max_length=128)] = None,
+    cause_id: Annotated[str | None, Query(max_length=256)] = None,
+    kind: Annotated[str | None, Query(max_length=32, description="place, preempt, unschedulable, reject, ...")] = None,
+    limit: Annotated[int, Query(ge=1, le=2000)] = 200,
+) -> dict[str, Any]:
+    eng = ctx.engine
+    if workload is None and cause_id is None:
+        with eng.lock:
+            recs = list(eng.recent_decisions)
+        if kind is not None:
+            recs = [r for r in recs if r.kind == kind]
+        recs = recs[-limit:]
+    else:
+        recs = eng.repo.decisions_for(workload, cause_id)
+        if kind is not None:
+            recs = [r for r in recs if r.kind == kind]
+        recs = recs[-limit:]
+    return {"items": [views.decision(r) for r in recs]}
+
+
+@router.get("/telemetry", response_model=StreamEventList, summary="Stored telemetry samples")
+def telemetry(
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.VIEWER)],
+    node: Annotated[str | None, Query(max_length=128)] = None,
+    workload: Annotated[str | None, Query(max_length=128)] = None,
+    since: Annotated[float | None, Query(ge=0, le=1e12)] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> dict[str, Any]:
+    samples = ctx.engine.repo.telemetry(node=node, workload=workload, since=since)
+    samples = samples[-limit:]
+    from mlwe.api.sse import finite
+
+    return {
+        "last_id": 0,
+        "items": [
+            {
+                "id": 0,
+                "topic": "telemetry",
+                "time": s.time,
+                "correlation_id": None,
+                "workload": s.workload,
+                "data": finite(sanitize({"node": s.node, "workload": s.workload, "metrics": dict(s.metrics),
+                                          "resolution_s": s.resolution_s})),
+            }
+            for s in samples
+        ],
+    }
+
+
+@router.get("/reasoning", response_model=StreamEventList, summary="Stored reasoning traces")
+def reasoning(
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.VIEWER)],
+    correlation_id: Annotated[str | None, Query(max_length=256)] = None,
+    after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    limit: Annotated[int, Query(ge=1, le=2000)] = 200,
+) -> dict[str, Any]:
+    entries = ctx.engine.repo.reasoning(correlation_id, after_id=after_id, limit=limit)
+    from mlwe.api.sse import finite
+
+    return {
+        "last_id": entries[-1].id if entries else after_id,
+        "items": [
+            {
+                "id": e.id,
+                "topic": "reasoning",
+                "time": e.time,
+                "correlation_id": e.correlation_id,
+                "workload": e.record.get("workload") if isinstance(e.record.get("workload"), str) else None,
+                "data": finite(sanitize(e.record)),
+            }
+            for e in entries
+        ],
+    }

@@ -1,0 +1,285 @@
+"""Workload routes: submit, validate, list, describe, explain, cancel."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+
+from mlwe.api import views
+from mlwe.api.auth import Principal, Role, requires
+from mlwe.api.context import ApiContext, get_ctx
+from mlwe.api.errors import ApiError
+from mlwe.api.models import (
+    ActionResult,
+    ErrorBody,
+    Explanation,
+    SubmitResult,
+    ValidateResult,
+    WorkloadDetail,
+    WorkloadList,
+)
+from mlwe.api.specs import BodyError, parse_specs
+from mlwe.core.lifecycle import State
+from mlwe.core.spec import WorkloadSpec
+from mlwe.runtime.engine import new_correlation_id
+
+router = APIRouter(tags=["workloads"])
+
+Ctx = Annotated[ApiContext, Depends(get_ctx)]
+WorkloadId = Annotated[str, Path(min_length=1, max_length=128, description="workload id")]
+
+_SPEC_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "a workload spec, a list of specs, or {workloads: [...]}, as JSON or YAML",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "anyOf": [
+                        {"$ref": "#/components/schemas/WorkloadSpec"},
+                        {"type": "array", "items": {"$ref": "#/components/schemas/WorkloadSpec"}},
+                        {
+                            "type": "object",
+                            "properties": {
+                                "workloads": {
+                                    "type": "array",
+                                    "items": {"$ref": "#/components/schemas/WorkloadSpec"},
+                                }
+                            },
+                            "required": ["workloads"],
+                            "additionalProperties": False,
+                        },
+                    ]
+                }
+            },
+            "application/yaml": {"schema": {"type": "string"}},
+        },
+    }
+}
+
+
+def _not_found(wid: str) -> ApiError:
+    return ApiError(404, f"unknown workload {wid!r}")
+
+
+async def _specs(request: Request, ctx: ApiContext) -> list[WorkloadSpec]:
+    body = await request.body()
+    try:
+        specs = parse_specs(body, request.headers.get("content-type"), ctx.engine.cp.catalog)
+    except BodyError as exc:
+        raise ApiError(exc.status, "invalid workload spec", exc.errors) from None
+    limit = ctx.settings.max_workloads_per_request
+    if len(specs) > limit:
+        raise ApiError(413, f"{len(specs)} workloads in one request; the limit is {limit}")
+    for i, s in enumerate(specs):
+        if views.OWNER_LABEL in s.labels:
+            raise ApiError(
+                422,
+                "invalid workload spec",
+                [(f"[{i}].labels.{views.OWNER_LABEL}", "this label is set by the engine")],
+            )
+    return specs
+
+
+@router.post(
+    "/workloads",
+    status_code=201,
+    response_model=SubmitResult,
+    summary="Submit workloads (JSON or YAML)",
+    openapi_extra=_SPEC_BODY,
+    responses={
+        409: {"model": ErrorBody, "description": "refused by the control plane (nothing stored)"},
+        415: {"model": ErrorBody, "description": "body is neither JSON nor YAML"},
+        429: {"model": ErrorBody, "description": "submission rate limit; see Retry-After"},
+        503: {"model": ErrorBody, "description": "the store is unavailable; nothing was acknowledged"},
+    },
+)
+async def submit(
+    request: Request,
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.SUBMITTER)],
+    x_correlation_id: Annotated[str | None, Header(max_length=128)] = None,
+) -> dict[str, Any]:
+    """Validate and submit; answers once the workloads are durable."""
+    specs = await _specs(request, ctx)
+    wait = ctx.limiter.take(principal.token_id, len(specs))
+    if wait:
+        retry = "3600" if math.isinf(wait) else str(max(1, math.ceil(wait)))
+        raise ApiError(
+            429,
+            f"submission rate limit: {ctx.limiter.rate:g} workloads/s per token"
+            f" (bursts of {ctx.limiter.burst:g}); retry in {retry} s",
+            headers={"Retry-After": retry},
+        )
+    owned = [
+        s.model_copy(update={"labels": {**s.labels, views.OWNER_LABEL: principal.name}})
+        for s in specs
+    ]
+    cid = x_correlation_id or new_correlation_id()
+    try:
+        result = await ctx.submitter.submit(owned, principal.actor, cid)
+    except Exception as exc:  # the store is unreachable: nothing was acknowledged
+        raise ApiError(503, f"the engine could not make the submission durable: {exc}") from None
+    if not result.accepted:
+        raise ApiError(
+            409,
+            "the control plane refused the submission; nothing was stored",
+            [(f"[{r.index}]" if r.index >= 0 else "", f"{r.subject}: " + "; ".join(r.reasons)) for r in result.rejections],
+        )
+    return {
+        "accepted": True,
+        "created": list(result.created),
+        "version": result.version,
+        "correlation_id": cid,
+        "rejections": [],
+    }
+
+
+@router.post(
+    "/workloads/validate",
+    response_model=ValidateResult,
+    summary="Validate workload specs without submitting",
+    openapi_extra=_SPEC_BODY,
+    responses={415: {"model": ErrorBody, "description": "body is neither JSON nor YAML"}},
+)
+async def validate(
+    request: Request,
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.SUBMITTER)],
+) -> dict[str, Any]:
+    body = await request.body()
+    try:
+        specs = parse_specs(body, request.headers.get("content-type"), ctx.engine.cp.catalog)
+    except BodyError as exc:
+        if exc.status != 422:
+            raise ApiError(exc.status, str(exc)) from None
+        return {
+            "valid": False,
+            "workloads": 0,
+            "errors": [{"path": p, "message": m} for p, m in exc.errors],
+        }
+    return {"valid": True, "workloads": len(specs), "errors": []}
+
+
+@router.get("/workloads", response_model=WorkloadList, summary="List workloads, newest first")
+def list_workloads(
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.VIEWER)],
+    state: Annotated[
+        str | None, Query(max_length=200, description="comma-separated states, e.g. running,pending")
+    ] = None,
+    queue: Annotated[str | None, Query(max_length=128)] = None,
+    owner: Annotated[str | None, Query(max_length=128, description="token name that submitted")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+) -> dict[str, Any]:
+    wanted: set[State] | None = None
+    if state:
+        try:
+            wanted = {State(s.strip()) for s in state.split(",") if s.strip()}
+        except ValueError:
+            known = ", ".join(s.value for s in State)
+            raise ApiError(422, "invalid request", [("query.state", f"unknown state; known: {known}")]) from None
+    eng = ctx.engine
+    with eng.lock:
+        now = eng.cp.now()
+        ws = list(eng.cp.workloads.values())
+        ws.reverse()  # arrival order, newest first
+        if wanted is not None:
+            ws = [w for w in ws if w.state in wanted]
+        if queue is not None:
+            ws = [w for w in ws if w.queue == queue]
+        if owner is not None:
+            ws = [w for w in ws if w.spec.labels.get(views.OWNER_LABEL) == owner]
+        total = len(ws)
+        items = [views.workload_summary(w, now) for w in ws[offset : offset + limit]]
+    return {"total": total, "items": items}
+
+
+@router.get(
+    "/workloads/{workload_id}",
+    response_model=WorkloadDetail,
+    summary="One workload with its spec, placement and state history",
+    responses={404: {"model": ErrorBody, "description": "no such workload"}},
+)
+def get_workload(
+    workload_id: WorkloadId, ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]
+) -> dict[str, Any]:
+    eng = ctx.engine
+    with eng.lock:
+        w = eng.cp.workloads.get(workload_id)
+        if w is None:
+            raise _not_found(workload_id)
+        return views.workload_detail(w, eng.cp.now())
+
+
+@router.get(
+    "/workloads/{workload_id}/explain",
+    response_model=Explanation,
+    summary="Why is this workload where it is (not placed, preempted, failed)?",
+    responses={404: {"model": ErrorBody, "description": "no such workload"}},
+)
+def explain(
+    workload_id: WorkloadId, ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]
+) -> dict[str, Any]:
+    eng = ctx.engine
+    with eng.lock:
+        w = eng.cp.workloads.get(workload_id)
+        if w is None:
+            raise _not_found(workload_id)
+        preemptors = {w.preempted_by} if w.preempted_by else set()
+        preemptors |= {
+            t.reason.removeprefix("preempted by ").split()[0]
+            for t in w.history
+            if t.target is State.PREEMPTING and t.reason.startswith("preempted by ")
+        }
+    decisions = eng.repo.decisions_for(workload_id, limit=500)
+    # the decisions that evicted it are recorded under the preemptor's id
+    for p in sorted(preemptors):
+        decisions += [
+            d
+            for d in eng.repo.decisions_for(p, limit=500)
+            if d.kind == "preempt" and workload_id in d.chosen.replace(",", " ").split()
+        ]
+    decisions.sort(key=lambda d: d.seq)
+    with eng.lock:
+        return views.explain(eng.cp, w, decisions)
+
+
+@router.post(
+    "/workloads/{workload_id}/cancel",
+    response_model=ActionResult,
+    summary="Cancel a workload (submitters: their own; operators: any)",
+    responses={
+        404: {"model": ErrorBody, "description": "no such workload"},
+        409: {"model": ErrorBody, "description": "it cannot be cancelled in its state"},
+    },
+)
+def cancel(
+    workload_id: WorkloadId, ctx: Ctx, principal: Annotated[Principal, requires(Role.SUBMITTER)]
+) -> dict[str, Any]:
+    eng = ctx.engine
+    with eng.lock:
+        w = eng.cp.workloads.get(workload_id)
+        if w is None:
+            raise _not_found(workload_id)
+        owner = w.spec.labels.get(views.OWNER_LABEL)
+    if not principal.at_least(Role.OPERATOR) and owner != principal.name:
+        raise ApiError(
+            403,
+            f"{workload_id} was submitted by {owner or 'someone else'}; a submitter may cancel"
+            " only its own workloads (operators may cancel any)",
+        )
+    result = eng.cancel(workload_id, actor=principal.actor)
+    if not result.accepted:
+        raise ApiError(
+            409, f"cannot cancel {workload_id}", [("", r) for r in result.reasons()]
+        )
+    return {
+        "accepted": True,
+        "version": result.version,
+        "message": f"{workload_id} cancelled",
+        "rejections": [],
+    }

@@ -1,0 +1,272 @@
+"""``mlwe serve``: the whole engine with its API and dashboard, on embedded defaults.
+
+Defaults: SQLite store in ``./.mlwe``, in-process bus, a simulated
+heterogeneous cluster (A100, H100 and T4 GPU nodes, high-memory CPU nodes)
+paced to wall time, a background workload generator, and the rules agent
+when it is available. On first start (no active admin token) it creates an
+admin token and prints it with the dashboard URL; only its hash is stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlwe.api.app import create_app
+from mlwe.api.auth import Role, TokenStore
+from mlwe.api.context import ApiSettings
+from mlwe.api.faults import FaultInjector
+from mlwe.api.generator import WorkloadGenerator
+from mlwe.core.backend import Backend
+from mlwe.core.clock import Clock
+from mlwe.core.spec import ClusterSpec, NodePool, NodeSpec
+from mlwe.runtime.clock import WallClock
+from mlwe.runtime.engine import Engine, EngineConfig
+from mlwe.runtime.simlive import LiveSimBackend
+from mlwe.sim.backend import SimBackendConfig
+
+log = logging.getLogger("mlwe.serve")
+
+#: The default simulated cluster: heterogeneous GPUs and high-memory CPU nodes.
+DEFAULT_CLUSTER = ClusterSpec(
+    pools=(
+        NodePool(prefix="h100", count=2, gpu_model="H100-80GB", gpus=8, cpu=96, memory="1Ti"),
+        NodePool(prefix="a100", count=3, gpu_model="A100-80GB", gpus=8, cpu=96, memory="1Ti"),
+        NodePool(prefix="t4", count=3, gpu_model="T4", gpus=4, cpu=32, memory="256Gi"),
+        NodePool(prefix="himem", count=2, cpu=128, memory="2Ti"),
+    ),
+    nodes=(NodeSpec(name="cpu-0", cpu=64, memory="512Gi"),),
+)
+
+
+class ServeError(RuntimeError):
+    """The server cannot start as asked (the message says why and what to do)."""
+
+
+def local_cluster() -> ClusterSpec:
+    """A cluster this machine can really host (``--backend local``): its GPUs are declared
+    (there may be none), its CPU and memory a share of the machine's."""
+    import os
+
+    import psutil
+
+    cores = max(2, os.cpu_count() or 2)
+    mem_mib = int(psutil.virtual_memory().total / 2**20)
+    per = max(1024, mem_mib // 8)
+    return ClusterSpec(
+        nodes=(
+            NodeSpec(name="local-gpu-0", gpu_model="T4", gpus=2, cpu=f"{cores * 250}m", memory=f"{per}Mi"),
+            NodeSpec(name="local-cpu-0", cpu=f"{cores * 250}m", memory=f"{per}Mi"),
+        )
+    )
+
+
+def make_backend(
+    kind: str,
+    clock: Clock,
+    cluster: ClusterSpec,
+    *,
+    seed: int = 0,
+    telemetry_s: float = 2.0,
+    ray_address: str | None = None,
+) -> Backend:
+    """The backend named ``kind`` for ``cluster`` (``local`` also starts a daemon for it)."""
+    if kind == "sim":
+        cfg = SimBackendConfig(telemetry_interval_s=telemetry_s, eviction_delay_s=2.0, seed=seed)
+        return LiveSimBackend(clock, cfg, default_duration_s=300.0, seed=seed)
+    if kind == "local":
+        from mlwe.backends.local import LocalBackend
+
+        local = LocalBackend(cluster, clock=clock)
+        try:
+            local.spawn_daemon(cluster.all_nodes(), declared_gpus=True)
+            local.wait_for_nodes(timeout=60)
+        except BaseException:
+            local.close()
+            raise
+        return local
+    if kind == "ray":
+        from mlwe.backends.ray.backend import RayBackend, RayBackendConfig
+
+        return RayBackend(cluster, RayBackendConfig(address=ray_address), clock=clock)
+    raise ServeError(f"unknown backend {kind!r}: use sim, local or ray")
+
+
+def attach_agent(engine: Engine, mode: str = "autonomous") -> Any | None:
+    """Run the rules agent on ``engine``: telemetry in, one MAPE pass per engine tick.
+
+    Proposals go through ``Engine.propose`` (verified, audited); reasoning
+    traces are stored, chained in the audit log and streamed. The agent runs
+    on the engine thread under the engine lock, like every tick hook.
+    """
+    try:
+        from mlwe.agent.loop import Agent
+    except ImportError:
+        return None
+
+    def propose(actions: Any, version: int | None, cid: str, why: str) -> Any:
+        return engine.propose(
+            actions, actor="agent", expected_version=version, correlation_id=cid, rationale=why
+        )
+
+    def reasoning(rec: dict[str, Any]) -> None:
+        # under the engine lock (a tick hook): store and chain now, flushed by this tick
+        cid = rec.get("correlation_id")
+        wid = rec.get("workload") if isinstance(rec.get("workload"), str) else None
+        engine.repo.append_reasoning(rec, time=engine.now(), correlation_id=cid)
+        engine.writer.note_audit("reasoning", "agent", rec, workload=wid, correlation_id=cid)
+        engine.streams.publish("reasoning", rec, correlation_id=cid, workload=wid)
+
+    def audit(rec: dict[str, Any]) -> None:
+        if rec.get("step") in ("proposal",):
+            return  # Engine.propose audits proposals itself
+        engine.writer.note_audit(
+            "agent", "agent", rec, correlation_id=rec.get("correlation_id")
+        )
+
+    agent = Agent(
+        engine.cp,
+        mode=mode,
+        lock=engine.lock,
+        propose=propose,
+        reasoning_sink=reasoning,
+        audit_sink=audit,
+    )
+    engine.telemetry_listeners.append(lambda sample: agent.observe([sample]))
+    def tick(_eng: Engine) -> None:
+        agent.tick()
+
+    engine.tick_hooks.append(tick)
+    return agent
+
+
+@dataclass
+class Service:
+    """A running engine with its API app and optional parts; ``close()`` stops them all."""
+
+    engine: Engine
+    app: Any
+    tokens: TokenStore
+    generator: WorkloadGenerator | None = None
+    agent: Any | None = None
+    bus: Any | None = None
+    admin_token: str | None = None  # set only when this start created it
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def close(self) -> None:
+        if self.generator is not None:
+            self.generator.stop()
+        relay = getattr(self.app.state, "relay", None)
+        if relay is not None:
+            relay.close()
+        self.app.state.ctx.submitter.close()
+        close_agent = getattr(self.agent, "close", None)
+        if callable(close_agent):
+            close_agent()
+        self.engine.close(stop_workloads=True)
+
+
+def build_service(
+    *,
+    data_dir: str | Path | None = None,
+    database_url: str | None = None,
+    backend: str = "sim",
+    cluster: ClusterSpec | None = None,
+    speed: float = 1.0,
+    generator: bool = True,
+    agent: bool = True,
+    agent_mode: str = "autonomous",
+    bus_url: str | None = None,
+    seed: int = 0,
+    ray_address: str | None = None,
+    settings: ApiSettings | None = None,
+    engine_config: EngineConfig | None = None,
+    start_loop: bool = True,
+    create_admin: bool = True,
+) -> Service:
+    clock = WallClock(speed=speed)
+    if cluster is None:
+        cluster = local_cluster() if backend == "local" else DEFAULT_CLUSTER
+    if backend == "ray" and cluster is DEFAULT_CLUSTER:
+        raise ServeError("--backend ray needs --cluster FILE describing the Ray cluster's nodes")
+    try:
+        inner = make_backend(backend, clock, cluster, seed=seed, ray_address=ray_address)
+    except (ImportError, OSError, RuntimeError, TimeoutError) as exc:
+        raise ServeError(f"the {backend} backend did not start: {exc}") from exc
+    be = FaultInjector(inner, clock)
+    engine = Engine.open(
+        cluster,
+        be,
+        data_dir=data_dir,
+        database_url=database_url,
+        clock=clock,
+        config=engine_config or EngineConfig(grace_s=10.0, retry_base_s=5.0),
+    )
+    try:
+        settings = settings or ApiSettings()
+        tokens = TokenStore(engine.repo.engine, cache_ttl_s=settings.token_cache_s)
+        admin_token = None
+        if create_admin and not any(
+            t.role is Role.ADMIN and not t.revoked for t in tokens.list()
+        ):
+            admin_token, _ = tokens.create("admin", Role.ADMIN)
+        bus = _connect_bus(bus_url) if bus_url else None
+        ag = attach_agent(engine, agent_mode) if agent else None
+        app = create_app(engine, tokens=tokens, settings=settings, agent=ag, bus=bus)
+        gen = (
+            WorkloadGenerator(engine, seed=seed, real_processes=backend != "sim")
+            if generator
+            else None
+        )
+        if start_loop:
+            engine.start()
+            if gen is not None:
+                gen.start()
+    except BaseException:
+        engine.close(stop_workloads=True)
+        raise
+    return Service(engine, app, tokens, gen, ag, bus, admin_token)
+
+
+def _connect_bus(url: str) -> Any:
+    import asyncio
+
+    if not url.startswith("nats://"):
+        raise ServeError(f"unsupported bus {url!r}: use nats://HOST:PORT")
+    from mlwe.bus.nats import NatsBus
+
+    try:
+        return asyncio.run(NatsBus.connect(url))
+    except Exception as exc:
+        raise ServeError(f"cannot connect to the bus at {url}: {exc}") from None
+
+
+def serve(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    log_level: str = "info",
+    print_fn: Any = print,
+    **kwargs: Any,
+) -> None:
+    """Build the service and run it under uvicorn until interrupted."""
+    import uvicorn
+
+    svc = build_service(**kwargs)
+    shown = "localhost" if host in ("0.0.0.0", "::", "127.0.0.1") else host
+    url = f"http://{shown}:{port}/"
+    print_fn(f"mlwe engine: backend {svc.engine.backend.name}, "
+             f"{sum(1 for _ in svc.engine.cp.capacity.nodes())} nodes, "
+             f"{len(svc.engine.cp.workloads)} workloads recovered")
+    if svc.admin_token:
+        print_fn("admin token (shown once; only its hash is stored):")
+        print_fn(f"  {svc.admin_token}")
+        print_fn(f"dashboard: {url}#token={svc.admin_token}")
+    else:
+        print_fn(f"dashboard: {url}  (create a token: mlwe token create --role viewer)")
+    try:
+        uvicorn.run(svc.app, host=host, port=port, log_level=log_level, access_log=False)
+    finally:
+        svc.close()

@@ -1,0 +1,264 @@
+"""Read-only views of the control plane's state, as plain JSON-able dicts.
+
+The API's routes and the dashboard's snapshot are built here from the
+control plane's records (read under the engine's lock by the caller). Nothing
+here changes state. Every dict matches a model in ``mlwe.api.models``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlwe.core.controlplane import ControlPlane
+from mlwe.core.decisions import DecisionRecord
+from mlwe.core.lifecycle import HOLDING, QUEUED, TERMINAL, State, Transition
+from mlwe.core.model import Workload
+from mlwe.core.resources import Resources
+from mlwe.store.sanitize import sanitize
+
+#: The label that records which token submitted a workload (set by the API, never by users).
+OWNER_LABEL = "mlwe.io/owner"
+
+
+def resources(r: Resources) -> dict[str, int]:
+    return {"gpu": r.gpu, "vram": r.vram, "cpu": r.cpu, "ram": r.ram}
+
+
+def transition(tr: Transition) -> dict[str, Any]:
+    return {
+        "time": tr.time,
+        "source": tr.source.value if tr.source is not None else None,
+        "target": tr.target.value,
+        "reason": tr.reason,
+        "cause_id": tr.cause_id,
+    }
+
+
+def correlation_of(w: Workload) -> str | None:
+    return w.history[0].cause_id if w.history else None
+
+
+def deadline_at_risk(w: Workload, now: float) -> bool:
+    """True when the user's estimate says the deadline can no longer be met (or it passed)."""
+    if w.deadline is None or w.state in TERMINAL:
+        return False
+    if now > w.deadline:
+        return True
+    rem = w.remaining_estimate(now)
+    if rem is None:
+        return False
+    return now + rem > w.deadline
+
+
+def workload_summary(w: Workload, now: float) -> dict[str, Any]:
+    spec = w.spec
+    return {
+        "id": w.id,
+        "name": spec.name,
+        "kind": spec.kind.value,
+        "queue": spec.queue,
+        "state": w.state.value,
+        "priority": w.priority,
+        "replicas": spec.replicas,
+        "gpus": w.gpus(),
+        "submit_time": w.submit_time,
+        "deadline": w.deadline,
+        "deadline_left_s": None if w.deadline is None else w.deadline - now,
+        "deadline_at_risk": deadline_at_risk(w, now),
+        "progress": w.progress,
+        "attempt": w.attempt,
+        "preemptions": w.preemptions,
+        "nodes": list(dict.fromkeys(a.node for a in w.placement)),
+        "pending_reason": w.pending_reason if w.state in QUEUED else "",
+        "owner": spec.labels.get(OWNER_LABEL),
+        "correlation_id": correlation_of(w),
+    }
+
+
+def workload_detail(w: Workload, now: float) -> dict[str, Any]:
+    out = workload_summary(w, now)
+    out.update(
+        {
+            "spec": sanitize(w.spec.model_dump(mode="json")),
+            "history": [transition(t) for t in w.history],
+            "placement": [
+                {
+                    "node": a.node,
+                    "devices": list(a.devices),
+                    "gpu_per_device": a.gpu_per_device,
+                    "res": resources(a.res),
+                }
+                for a in w.placement
+            ],
+            "preempted_by": w.preempted_by,
+            "victims": list(w.victims),
+            "failures": w.failures,
+            "failure_cause": w.failure_cause,
+            "exit_code": w.exit_code,
+            "work_done_s": w.work_done,
+            "remaining_estimate_s": w.remaining_estimate(now),
+        }
+    )
+    return out
+
+
+def node_view(cp: ControlPlane, name: str) -> dict[str, Any]:
+    info = cp.capacity.info(name)
+    free_dev = cp.capacity.free_devices(name)
+    holders: list[list[dict[str, Any]]] = [[] for _ in range(info.gpu_count)]
+    ids = []
+    for w in cp.holders(name):
+        ids.append(w.id)
+        for a in w.placement:
+            if a.node != name:
+                continue
+            for d in a.devices:
+                holders[d].append(
+                    {
+                        "id": w.id,
+                        "name": w.spec.name,
+                        "priority": w.priority,
+                        "milli": a.gpu_per_device,
+                        "state": w.state.value,
+                    }
+                )
+    return {
+        "name": name,
+        "status": cp.capacity.status(name).value,
+        "gpu_model": info.gpu_model,
+        "gpus": info.gpu_count,
+        "vram_per_gpu": info.vram_per_gpu,
+        "labels": dict(info.labels),
+        "capacity": resources(info.capacity),
+        "free": resources(cp.capacity.free(name)),
+        "devices": [
+            {"index": i, "free_milli": free_dev[i], "holders": holders[i]}
+            for i in range(info.gpu_count)
+        ],
+        "workloads": ids,
+    }
+
+
+def _quota(v: int) -> int | None:
+    from mlwe.core.resources import UNLIMITED
+
+    return None if v >= UNLIMITED else v
+
+
+def queue_views(cp: ControlPlane) -> list[dict[str, Any]]:
+    pending: dict[str, int] = {}
+    running: dict[str, int] = {}
+    for w in cp.workloads.values():
+        if w.state in QUEUED:
+            pending[w.queue] = pending.get(w.queue, 0) + 1
+        elif w.state in HOLDING:
+            running[w.queue] = running.get(w.queue, 0) + 1
+    out = []
+    for name, q in cp.queues.items():
+        nominal = q.nominal
+        borrow = q.borrow_limit
+        out.append(
+            {
+                "name": name,
+                "cohort": q.cohort,
+                "weight": q.spec.weight,
+                "nominal": {
+                    "gpu": _quota(nominal.gpu),
+                    "vram": _quota(nominal.vram),
+                    "cpu": _quota(nominal.cpu),
+                    "memory": _quota(nominal.ram),
+                },
+                "borrowing_limit": {
+                    "gpu": _quota(borrow.gpu),
+                    "vram": _quota(borrow.vram),
+                    "cpu": _quota(borrow.cpu),
+                    "memory": _quota(borrow.ram),
+                },
+                "usage": resources(q.usage_vector()),
+                "pending": pending.get(name, 0),
+                "running": running.get(name, 0),
+            }
+        )
+    return out
+
+
+def decision(rec: DecisionRecord) -> dict[str, Any]:
+    d = rec.to_dict()
+    d.setdefault("extra", {})
+    out: dict[str, Any] = sanitize(d)
+    return out
+
+
+def cluster_view(cp: ControlPlane, backend: str, *, max_workloads: int = 2000) -> dict[str, Any]:
+    """The dashboard's snapshot: every node with its devices, and the live workloads."""
+    now = cp.now()
+    nodes = [node_view(cp, n) for n in cp.capacity.node_names()]
+    live = [
+        w
+        for w in cp.workloads.values()
+        if w.state in HOLDING or w.state in QUEUED or (w.deadline is not None and w.state not in TERMINAL)
+    ]
+    live.sort(key=lambda w: (-w.priority, w.seq))
+    gpu_total = sum(n["capacity"]["gpu"] for n in nodes) / 1000
+    gpu_free = sum(n["free"]["gpu"] for n in nodes) / 1000
+    counts: dict[str, float] = {s.value: 0 for s in State}
+    for w in cp.workloads.values():
+        counts[w.state.value] += 1
+    totals = {
+        "gpus": gpu_total,
+        "gpus_used": gpu_total - gpu_free,
+        "nodes": len(nodes),
+        "nodes_ready": sum(1 for n in nodes if n["status"] == "ready"),
+        "workloads": len(cp.workloads),
+        "preemptions": cp.counters.get("preempt", 0),
+        **counts,
+    }
+    return {
+        "now": now,
+        "version": cp.version,
+        "backend": backend,
+        "nodes": nodes,
+        "workloads": [workload_summary(w, now) for w in live[:max_workloads]],
+        "totals": totals,
+    }
+
+
+def explain(cp: ControlPlane, w: Workload, decisions: list[DecisionRecord]) -> dict[str, Any]:
+    """Why a workload is where it is: its story in words, plus the records behind it."""
+    now = cp.now()
+    parts = [f"{w.id} ({w.spec.name}) is {w.state.value}"]
+    if w.state in QUEUED:
+        parts.append(
+            f"waiting: {w.pending_reason}" if w.pending_reason else "waiting for the next cycle"
+        )
+    if w.state in HOLDING and w.placement:
+        parts.append("on " + ", ".join(dict.fromkeys(a.node for a in w.placement)))
+    if w.preempted_by:
+        parts.append(f"last preempted by {w.preempted_by}")
+    if w.victims:
+        parts.append("waiting for victims to release: " + ", ".join(w.victims))
+    if w.preemptions:
+        parts.append(f"preempted {w.preemptions} time(s) so far")
+    if w.failure_cause:
+        parts.append(f"last failure: {w.failure_cause}")
+    if w.deadline is not None:
+        left = w.deadline - now
+        parts.append(
+            f"deadline in {left:.0f} s" + (" (at risk)" if deadline_at_risk(w, now) else "")
+            if left >= 0
+            else f"deadline missed by {-left:.0f} s"
+        )
+    last = [d for d in decisions if d.kind in ("preempt", "unschedulable", "place", "reject")]
+    if last:
+        d = last[-1]
+        parts.append(f"latest decision: {d.kind} by {d.policy}: " + "; ".join(d.reasons))
+    return {
+        "workload": w.id,
+        "state": w.state.value,
+        "summary": ". ".join(parts) + ".",
+        "pending_reason": w.pending_reason,
+        "preempted_by": w.preempted_by,
+        "victims": list(w.victims),
+        "history": [transition(t) for t in w.history],
+        "decisions": [decision(d) for d in decisions],
+    }
