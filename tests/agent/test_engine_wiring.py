@@ -73,3 +73,26 @@ def test_approve_mode_through_the_engine(tmp_path: Path) -> None:
     assert out.outcome == "committed" and eng.cp.get("ft").priority == 51 and eng.cp.version > v
     agent.close()
     eng.close()
+
+
+def test_a_raised_memory_request_survives_a_restart(tmp_path: Path) -> None:
+    """SetResources changes the stored spec too: a restarted engine keeps the new request."""
+    from mlwe.core.actions import Exited, Retry, SetResources
+    from mlwe.core.spec import ReplicaResources
+
+    clock = ManualClock(0.0)
+    cluster = ClusterSpec(pools=(NodePool(prefix="c", count=1, cpu=32, memory="256Gi"),))
+    eng = Engine.open(cluster, LiveSimBackend(clock), data_dir=tmp_path, clock=clock)
+    eng.submit([_spec(id="etl", name="etl", resources={"cpu": 4, "memory": "16Gi"})], actor="t")
+    eng.tick()
+    clock.advance(1.0)
+    eng.tick()
+    w = eng.cp.get("etl")
+    eng.propose([Exited("etl", w.attempt, 137, "oom")], actor="test")  # a stand-in OOM kill
+    new = ReplicaResources.model_validate({"cpu": 4, "memory": "24Gi"})
+    r = eng.propose([SetResources("etl", new, "oom"), Retry("etl")], actor="agent")
+    assert r.accepted, r.reasons()
+    eng.close()
+    again = Engine.open(None, LiveSimBackend(clock), data_dir=tmp_path, clock=clock)
+    assert again.cp.get("etl").spec.resources.memory == 24 * 1024
+    again.close()

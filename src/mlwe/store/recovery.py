@@ -35,6 +35,7 @@ from mlwe.core.actions import (
     Preempt,
     SetNodeStatus,
     SetQueue,
+    SetResources,
     Submit,
 )
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
@@ -138,6 +139,7 @@ class StoreWriter:
         self._nodes_added: dict[str, NodeSpec] = {}
         self._node_status: dict[str, None] = {}
         self._queues: dict[str, None] = {}
+        self._specs: dict[str, None] = {}  # workloads whose spec changed (SetResources)
         self._decisions: list[DecisionRecord] = []
         self._decisions_seen = 0  # of cp.decisions, when it keeps them itself
         self._stored_version: int | None = None
@@ -205,6 +207,9 @@ class StoreWriter:
                 self._node_status[a.node] = None
             elif isinstance(a, SetQueue):
                 self._queues[a.spec.name] = None
+            elif isinstance(a, SetResources):
+                self._dirty[a.workload] = None
+                self._specs[a.workload] = None  # the spec column changes too
             else:
                 subject = getattr(a, "workload", None)
                 if isinstance(subject, str):
@@ -270,6 +275,7 @@ class StoreWriter:
         touched = [wl[i] for i in self._dirty if i in wl]
         new = [w for w in touched if w.id in new_ids]
         old = [w for w in touched if w.id not in new_ids]
+        respecified = [wl[i] for i in self._specs if i in wl and i not in new_ids]
         transitions = list(self._transitions)
         decisions = list(self._decisions)
         nodes_added = dict(self._nodes_added)
@@ -294,6 +300,7 @@ class StoreWriter:
                 repo.put_queue(cp.queues[q].spec, conn=c)
             repo.insert_workloads(new, version=version, with_history=False, conn=c)
             repo.save_workload_states(old, version, conn=c)
+            repo.update_specs(respecified, conn=c)
             repo.append_transitions(transitions, conn=c)
             repo.append_decisions(decisions, conn=c)
             repo.meta_set("version", str(version), conn=c)
@@ -318,6 +325,7 @@ class StoreWriter:
         del self._transitions[: len(transitions)]
         del self._decisions[: len(decisions)]
         self._dirty.clear()
+        self._specs.clear()
         self._nodes_added.clear()
         self._node_status.clear()
         self._queues.clear()

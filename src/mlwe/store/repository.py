@@ -600,6 +600,22 @@ class Repository:
 
         self._write(go, conn)
 
+    def update_specs(
+        self, workloads: Sequence[Workload], *, conn: Connection | None = None
+    ) -> None:
+        """Rewrite the stored spec of workloads whose request changed (``SetResources``)."""
+        if not workloads:
+            return
+        rows = [
+            {"b_id": w.id, "b_spec": self._json(w.spec.model_dump(mode="json"))} for w in workloads
+        ]
+        stmt = (
+            update(S.workloads)
+            .where(S.workloads.c.id == bindparam("b_id"))
+            .values(spec=bindparam("b_spec"))
+        )
+        self._write(lambda c: c.execute(stmt, rows), conn)
+
     def save_workload_states(
         self, workloads: Sequence[Workload], version: int, *, conn: Connection | None = None
     ) -> None:
