@@ -25,7 +25,7 @@ from typing import Any
 
 from mlwe.core import ClusterSpec, NodeSpec, State, WorkloadSpec
 from mlwe.core.actions import Submit
-from mlwe.core.backend import Backend, Command, StartCommand
+from mlwe.core.backend import Backend, Command, StartCommand, Telemetry
 from mlwe.core.cluster import build_control_plane
 from mlwe.core.controlplane import ControlPlane
 from mlwe.core.reconcile import Reconciler
@@ -54,6 +54,7 @@ class Harness:
         self.sent: list[Command] = []
         self.resumed: dict[tuple[str, int], float] = {}
         self.seen_replicas: dict[str, set[int]] = {}
+        self.telemetry: list[Telemetry] = []
         self.checks = 0
         self.cp: ControlPlane
         self.rec: Reconciler
@@ -132,6 +133,7 @@ class Harness:
             self.backend.send(commands)
             self.rec.handle(self.backend.poll())
         for t in self.backend.drain_telemetry():
+            self.telemetry.append(t)
             m = t.metrics
             if t.workload is not None and "replica" in m:
                 self.seen_replicas.setdefault(t.workload, set()).add(int(m["replica"]))
@@ -175,6 +177,11 @@ class Harness:
     def resumed_from(self, wid: str, attempt: int) -> float | None:
         """The progress the workload's attempt resumed from, as the workload itself saw it."""
         return self.resumed.get((wid, attempt))
+
+    def metrics(self, wid: str | None, node: str | None = None) -> list[Telemetry]:
+        """Telemetry samples about a workload (or, with ``wid=None``, about a node)."""
+        return [t for t in self.telemetry
+                if t.workload == wid and (node is None or t.node == node)]
 
     def replicas_seen(self, wid: str) -> set[int]:
         """Replica indices that really ran."""
@@ -254,6 +261,10 @@ class LocalHarness(Harness):
 
     name = "local"
     real = True
+    #: which nodes each daemon serves (default: one daemon per node)
+    daemon_groups: list[list[str]] | None = None
+    declared_gpus = False
+    telemetry_s = 0.5
 
     def _clock(self) -> Any:
         return MonotonicClock()
@@ -261,14 +272,19 @@ class LocalHarness(Harness):
     def _backend(self, cluster: ClusterSpec) -> Backend:
         from mlwe.backends.local import LocalBackend
 
-        b = LocalBackend(cluster, heartbeat_s=0.1, missed_heartbeats=5, telemetry_s=0.5,
-                         report_s=0.1, register_timeout_s=30, checkpoint_root=self.tmp / "ckpt",
-                         work_dir=self.tmp, clock=self.clock)
-        self.daemons: dict[str, subprocess.Popen[bytes]] = {
-            n.name: b.spawn_daemon([n]) for n in cluster.nodes
-        }
-        b.wait_for_nodes(timeout=30)
+        # a 2 s heartbeat window: CI machines are busy, and a late heartbeat must not
+        # read as a lost node
+        b = LocalBackend(cluster, heartbeat_s=0.25, missed_heartbeats=8,
+                         telemetry_s=self.telemetry_s, report_s=0.1, register_timeout_s=30,
+                         checkpoint_root=self.tmp / "ckpt", work_dir=self.tmp, clock=self.clock)
         self.local = b
+        specs = {n.name: n for n in cluster.nodes}
+        groups = self.daemon_groups or [[n] for n in specs]
+        self.daemons: dict[str, subprocess.Popen[bytes]] = {}
+        for group in groups:
+            proc = b.spawn_daemon([specs[n] for n in group], declared_gpus=self.declared_gpus)
+            self.daemons.update(dict.fromkeys(group, proc))
+        b.wait_for_nodes(timeout=30)
         return b
 
     def _advance(self, deadline: float) -> None:

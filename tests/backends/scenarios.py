@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mlwe.core import NodeSpec, NodeStatus, State
-
 from tests.backends.harness import RETRY_BASE_S, RETRY_FACTOR, Harness
 
 

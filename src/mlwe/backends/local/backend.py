@@ -313,6 +313,19 @@ class LocalBackend:
         for t in self._threads:
             t.join(timeout=2)
 
+    def detach(self) -> None:
+        """Stop serving without stopping anything: the daemons and their workloads keep
+        running and reconnect to whoever listens on this address next (an engine
+        restarted or upgraded in place), which adopts them through :meth:`inventory`."""
+        with self._lock:
+            self._closed = True
+            for d in self._daemons.values():
+                d.close()
+        self._server.close()
+        for t in self._threads:
+            t.join(timeout=2)
+        self._spawned.clear()  # no longer ours to stop
+
     def _unconfirmed(self, attempts: list[_Attempt]) -> bool:
         """Whether any of ``attempts`` still runs on a daemon that can still confirm its end."""
         with self._lock:
@@ -530,8 +543,11 @@ class LocalBackend:
         att.final = True
         if att.failure is not None:
             f = att.failure
-            cause = "node-lost" if f.cause == "daemon-shutdown" else (f.cause or "error")
-            code = f.code if f.code is not None else -1
+            cause, code = f.cause or "error", f.code if f.code is not None else -1
+            if f.cause == "daemon-shutdown":
+                # its machine left the cluster (whatever the program's exit code after
+                # its checkpoint): not the workload's fault, like a lost node
+                cause, code = "node-lost", -1
             self._emit(Exited(att.workload, att.attempt, code, cause), att.correlation_id)
         else:
             self._emit(Exited(att.workload, att.attempt, 0), att.correlation_id)
