@@ -4,7 +4,7 @@ tell a better plan from a worse one."""
 from __future__ import annotations
 
 from mlwe.agent.model import CandidatePlan, Hazard
-from mlwe.agent.whatif import WhatIfEngine, fork_state, state_digest
+from mlwe.agent.whatif import WhatIfConfig, WhatIfEngine, fork_state, state_digest
 from mlwe.core import (
     Cancel,
     ControlPlane,
@@ -35,7 +35,8 @@ def test_forecasts_leave_the_live_state_untouched(sla: tuple[ControlPlane, Manua
     cp, _ = sla
     before = state_digest(cp)
     calls = _count_listener_calls(cp)
-    engine = WhatIfEngine(cp, hazards=lambda: [Hazard("train-0", "waste")])
+    engine = WhatIfEngine(cp, config=WhatIfConfig(check_forecast_invariants=True),
+                          hazards=lambda: [Hazard("train-0", "waste")])
     good = plan(SetPriority("ft", 51), Preempt("train-0", "ft"), Preempt("train-1", "ft"))
     bad = plan(Preempt("train-0", "ft"), pid="bad")
     for p in (good, bad, plan(Cancel("train-3"), pid="c"), plan(Evict("train-2"), pid="e")):

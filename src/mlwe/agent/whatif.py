@@ -256,6 +256,8 @@ class WhatIfConfig:
     eviction_delay_s: float = 5.0
     retry_base_s: float = 30.0
     weights: ScoreWeights = field(default_factory=ScoreWeights)
+    #: check invariants after every batch of a forecast too (tests turn it on)
+    check_forecast_invariants: bool = False
 
 
 class _Tracker:
@@ -403,6 +405,9 @@ class WhatIfEngine:
             verified, rejections = r.accepted, tuple(r.reasons())
             if not verified:
                 return Forecast(label, horizon_s, False, rejections)
+        # the plan was verified (with the invariant check) above; the future played
+        # below is a forecast, not state: skip the per-batch check there for speed
+        fork.check_invariants = self.config.check_forecast_invariants
         durations: dict[str, float] = {}
         backend = ForecastBackend(
             kernel, durations,
