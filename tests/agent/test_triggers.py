@@ -60,7 +60,7 @@ def samples(mon: Monitor, wid: str | None, node: str, metric: str, values: list[
 
 def check(trigger: Trigger, w: World) -> list[Finding]:
     cp, _, mon = w
-    mon.poll()
+    mon.refresh()
     return trigger.check(Context(cp, mon, Scheduler()))
 
 
@@ -99,7 +99,7 @@ def stalled_world(progress_moves: bool) -> World:
         clock.advance(300)
         p = 0.1 + (0.05 * i if progress_moves else 0.0)
         mon.observe([Telemetry(clock.now(), "g0", "stuck", {"progress": p, "gpu_util": 0.8})])
-        mon.poll()
+        mon.refresh()
     return w
 
 
@@ -166,11 +166,11 @@ def lost_world(losses: int, back: bool) -> World:
     cp, clock, mon = w
     for _ in range(losses):
         ok(cp.apply([SetNodeStatus("g1", NodeStatus.DOWN, "lost")]))
-        mon.poll()
+        mon.refresh()
         clock.advance(600)
         if back:
             ok(cp.apply([SetNodeStatus("g1", NodeStatus.READY, "back")]))
-            mon.poll()
+            mon.refresh()
     return w
 
 

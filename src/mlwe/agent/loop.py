@@ -260,6 +260,7 @@ class Agent:
             ):
                 return []
             self._last_analysis = now
+            self.monitor.refresh()
             events, samples, _kinds = self.monitor.take_news()
             ctx = Context(self.cp, self.monitor, self.scheduler, self.config.analyze)
             findings, ran = self.analyzer.run(ctx, samples, events)

@@ -111,9 +111,13 @@ class Monitor:
         return n
 
     def poll(self) -> None:
-        """Drain the telemetry source (if any) and refresh node statuses and progress."""
+        """Drain the telemetry source, if any (cheap: every tick)."""
         if self.source is not None:
             self.observe(self.source())
+
+    def refresh(self) -> None:
+        """Read node statuses and running workloads' progress (a scan: before an analysis)."""
+        self.poll()
         now = self.cp.now()
         cap = self.cp.capacity
         for name in cap.node_names():
