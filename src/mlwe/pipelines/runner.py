@@ -279,14 +279,14 @@ class PipelineRunner:
             ids = list(run.steps[step].workloads)
         with self.engine.lock:
             live = {
-                wid: tuple(sorted({a.node for a in w.placement}))
+                wid: (tuple(sorted({a.node for a in w.placement})), w.attempt)
                 for wid in ids
                 if (w := self.engine.cp.workloads.get(wid)) is not None
                 and w.state is State.RUNNING
             }
         out = []
-        for wid, nodes in live.items():
-            url = self._endpoint_url(run, step, wid)
+        for wid, (nodes, attempt) in live.items():
+            url = self._endpoint_url(run, step, wid, attempt)
             if url:
                 out.append(Endpoint(wid, url, nodes))
         return out
@@ -546,23 +546,36 @@ class PipelineRunner:
     def _endpoint_file(self, run: _Run, step: str, wid: str) -> Path:
         return run.run_dir / "services" / step / f"{wid}.json"
 
-    def _endpoint_url(self, run: _Run, step: str, wid: str) -> str | None:
+    def _endpoint_url(self, run: _Run, step: str, wid: str, attempt: int) -> str | None:
+        """The address a replica wrote, unless an earlier attempt wrote it (a dead process:
+        the file outlives it until the new attempt writes its own)."""
         path = self._endpoint_file(run, step, wid)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        url = data.get("url") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return None
+        written_by = data.get("attempt")
+        if isinstance(written_by, int) and written_by and written_by != attempt:
+            return None
+        url = data.get("url")
         return url if isinstance(url, str) else None
 
     def _follow_service(
         self, run: _Run, step: StepSpec, rec: StepRecord, snap: Mapping[str, Workload]
     ) -> list[PipelineEvent]:
         needs_endpoint = any("${endpoint}" in a.replace(" ", "") for a in step.command)
+        if needs_endpoint:
+            for wid in rec.workloads:  # a replica that stopped running: its address is void
+                w = snap.get(wid)
+                if w is not None and w.state is not State.RUNNING:
+                    self._endpoint_file(run, step.name, wid).unlink(missing_ok=True)
         running = [
             wid for wid in rec.workloads
             if (w := snap.get(wid)) is not None and w.state is State.RUNNING
-            and (not needs_endpoint or self._endpoint_url(run, step.name, wid) is not None)
+            and (not needs_endpoint
+                 or self._endpoint_url(run, step.name, wid, w.attempt) is not None)
         ]
         live = [wid for wid in rec.workloads if (w := snap.get(wid)) is not None and not _gone(w)]
         rec.attempts = sum(snap[w].attempt for w in rec.workloads if w in snap)

@@ -4,7 +4,8 @@
   plus labelled batches from the stream when retraining: those are split
   (seeded) into extra training data and a held-out *recent* set;
 - ``train``: fits a support-vector classifier; writes the model (pickle) and
-  its metrics;
+  its metrics; ``train-linear``: a logistic regression exported as plain
+  arrays, for the HTTP server of the inference-scaling study;
 - ``evaluate``: measures the candidate on the clean and the recent held-out
   sets, and the production model (if one serves) on the same recent set, so a
   promotion compares like with like; writes the evaluated model, the
@@ -116,6 +117,27 @@ def cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_linear(a: argparse.Namespace) -> int:
+    """A multinomial logistic regression, exported as plain arrays (``W``, ``b``, ``scale``):
+    serving it needs only NumPy, so a replica starts in a fraction of a second."""
+    from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped]
+
+    with np.load(a.data) as z:
+        X, y = z["X"], z["y"]
+    scale = 16.0  # pixels are 0..16
+    model = LogisticRegression(max_iter=500, C=a.C).fit(X / scale, y)
+    p = Path(a.model_out)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp.npz")
+    np.savez(tmp, W=model.coef_, b=model.intercept_, classes=model.classes_, scale=scale)
+    os.replace(tmp, p)
+    _write_json(
+        a.metrics,
+        {"train_size": len(y), "train_accuracy": float((model.predict(X / scale) == y).mean())},
+    )
+    return 0
+
+
 def _load_model(path: str) -> Any:
     return pickle.loads(Path(path).read_bytes())  # an artifact this pipeline wrote
 
@@ -220,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics", required=True)
     p.add_argument("--gamma", type=float, default=0.001)
     p.add_argument("--C", type=float, default=10.0)
+    p = sub.add_parser("train-linear")
+    p.add_argument("--data", required=True)
+    p.add_argument("--model-out", required=True)
+    p.add_argument("--metrics", required=True)
+    p.add_argument("--C", type=float, default=1.0)
     p = sub.add_parser("evaluate")
     p.add_argument("--model", required=True)
     p.add_argument("--holdout", required=True)
@@ -233,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outbox", required=True)
     p.add_argument("--poll", type=float, default=0.05)
     a = ap.parse_args(argv)
-    fn = {"prepare": cmd_prepare, "train": cmd_train, "evaluate": cmd_evaluate,
-          "serve": cmd_serve}[a.cmd]
+    fn = {"prepare": cmd_prepare, "train": cmd_train, "train-linear": cmd_train_linear,
+          "evaluate": cmd_evaluate, "serve": cmd_serve}[a.cmd]
     try:
         return fn(a)
     except (OSError, ValueError, KeyError) as exc:
