@@ -693,7 +693,7 @@ class Daemon:
             rep.stop_deadline = min(rep.stop_deadline, deadline)
             return
         rep.stop_deadline = deadline
-        sample_trees([rep.tree], time.time())  # learn every descendant before signalling
+        sample_trees([rep.tree], time.monotonic())  # learn every descendant before signalling
         rep.term_at = time.monotonic()
         signal_tree(rep.tree, signal.SIGTERM)
         log.info("SIGTERM to %s (grace %.1fs)", rep.key, grace)
@@ -841,7 +841,7 @@ class Daemon:
     # --------------------------------------------------------------- telemetry
     def _telemetry(self) -> None:
         live = [r for r in self.replicas.values() if r.tree is not None and r.returncode is None]
-        trees = sample_trees([r.tree for r in live if r.tree is not None], time.time())
+        trees = sample_trees([r.tree for r in live if r.tree is not None], time.monotonic())
         host = host_sample()
         gpu_dev: dict[int, dict[str, float]] = {}
         proc_vram: dict[int, dict[int, float]] = {}
