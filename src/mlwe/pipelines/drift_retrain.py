@@ -318,9 +318,9 @@ def run(
     ddir = Path(data_dir or tempfile.mkdtemp(prefix="mlwe-drift-")).resolve()
     ddir.mkdir(parents=True, exist_ok=True)
     clock = clock or WallClock()
-    if backend is None:
-        backend = default_backend(clock, ddir)
     cluster = ClusterSpec(nodes=(NodeSpec(name="cpu-0", cpu="2", memory="4Gi"),))
+    if backend is None:
+        backend = default_backend(clock, ddir, cluster)
     engine = Engine.open(
         cluster, backend, data_dir=ddir, clock=clock,
         config=EngineConfig(retry_base_s=0.5, grace_s=2.0, tick_s=0.05),
@@ -439,8 +439,8 @@ def _figures(
     }
 
 
-def default_backend(clock: Clock, data_dir: Path) -> Backend:
-    """The real backend for the case studies: local subprocesses of this machine."""
-    from mlwe.pipelines.procbackend import SubprocessBackend
+def default_backend(clock: Clock, data_dir: Path, cluster: ClusterSpec) -> Backend:
+    """The real backend for the case studies: a workload daemon per node on this machine."""
+    from mlwe.pipelines.localnodes import LocalNodes
 
-    return SubprocessBackend(clock, data_dir / "logs")
+    return LocalNodes(cluster, data_dir / "local", clock)

@@ -38,7 +38,9 @@ from typing import Any
 
 from mlwe.core.backend import Backend
 from mlwe.core.clock import Clock
+from mlwe.core.policies.placement import Spread
 from mlwe.core.resources import parse_cpu_milli
+from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import ClusterSpec, NodeSpec, QueueSpec, ReplicaQuota
 from mlwe.pipelines.loadgen import LoadGenerator, LoadProfile, Router, percentile
 from mlwe.pipelines.loop import PipelineLoop
@@ -226,10 +228,13 @@ def run(
     if backend is None:
         from mlwe.pipelines.drift_retrain import default_backend
 
-        backend = default_backend(clock, ddir)
+        backend = default_backend(clock, ddir, cluster(cfg))
     engine = Engine.open(
         cluster(cfg), backend, data_dir=ddir, clock=clock,
         config=EngineConfig(retry_base_s=0.3, retry_max_s=2.0, grace_s=2.0, tick_s=0.05),
+        # spread placement: a service's replicas land on different nodes, so a node's
+        # failure takes only its share of them
+        scheduler=Scheduler(placement=Spread()),
     )
     runner = PipelineRunner(engine, ddir)
     audit, reasoning = engine_sinks(engine)
@@ -290,18 +295,22 @@ def _maybe_fail_node(
         if fail is None:
             failure["skipped"] = f"backend {getattr(backend, 'name', '?')} cannot fail a node"
             return
-        per_node: dict[str, int] = {}
+        per_node: dict[str, list[str]] = {}
         for e in eps:
             for n in e.nodes:
-                per_node[n] = per_node.get(n, 0) + 1
+                per_node.setdefault(n, []).append(e.workload)
         # the node with the fewest replicas that has one: a replica's node, not every one
-        node = min(per_node, key=lambda n: (per_node[n], n))
-        failure.update(t=round(t, 3), node=node, replicas_lost=per_node[node],
-                       ready_before=len(eps))
+        node = min(per_node, key=lambda n: (len(per_node[n]), n))
+        failure.update(t=round(t, 3), node=node, replicas_lost=len(per_node[node]),
+                       lost=sorted(per_node[node]), ready_before=len(eps))
         fail(node)
     elif failure and "t" in failure:
-        if "replaced_after_s" not in failure and len(eps) >= failure["ready_before"]:
-            failure["replaced_after_s"] = round(t - failure["t"], 3)
+        if "replaced_after_s" not in failure:
+            # replaced: as many replicas answer as before, none of them on the dead node
+            elsewhere = [e for e in eps if failure["node"] not in e.nodes]
+            if len(elsewhere) >= failure["ready_before"]:
+                failure["replaced_after_s"] = round(t - failure["t"], 3)
+                failure["replaced_on"] = sorted({n for e in elsewhere for n in e.nodes})
         if "recovered" not in failure and t >= failure["t"] + cfg.node_down_s:
             recover = getattr(backend, "recover_node", None)
             if recover is not None:
