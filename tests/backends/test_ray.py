@@ -43,6 +43,21 @@ def cluster() -> Any:
     return ray_cluster()
 
 
+def _running(prefix: str, wid: str) -> list[str]:
+    """Actors of ``prefix`` (warm ones included) that run a replica of ``wid``."""
+    import ray
+
+    out = []
+    for name in _named(prefix, warm=True):
+        try:
+            info = ray.get(ray.get_actor(name).info.remote(), timeout=30)
+        except Exception:  # killed meanwhile
+            continue
+        if info.get("workload") == wid:
+            out.append(name)
+    return out
+
+
 def _ray_node_of(name: str) -> str:
     import ray
 
@@ -51,11 +66,12 @@ def _ray_node_of(name: str) -> str:
     return str(node_id)
 
 
-def _named(prefix: str) -> list[str]:
+def _named(prefix: str, *, warm: bool = False) -> list[str]:
+    """Names of the actors of ``prefix`` on Ray (with ``warm``, the idle warm ones too)."""
     import ray
 
     return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a["name"].startswith(prefix + ":"))
+                  if a["name"].startswith(prefix + ":") and (warm or ":~pool:" not in a["name"]))
 
 
 class Driver:
@@ -126,7 +142,7 @@ def driver(cluster: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
         yield d
     finally:
         d.close()
-        assert _named(d.prefix) == []  # close leaves nothing running on Ray
+        assert _named(d.prefix, warm=True) == []  # close leaves nothing running on Ray
 
 
 def _spec(wid: str, command: list[str], **fields: Any) -> WorkloadSpec:
@@ -285,11 +301,10 @@ def test_a_program_ignoring_sigterm_is_killed_after_the_grace_and_ray_confirms_i
         info = d.backend.attempt_info("stubborn", 1)
         assert info is not None
         (pid,) = [r["pid"] for r in info["replicas"]]
-        actors = _named(d.prefix)
-        assert actors == [f"{d.prefix}:stubborn:1:0"]
+        (actor,) = _running(d.prefix, "stubborn")
         import ray
 
-        actor_id = ray.get_actor(actors[0])._actor_id.hex()
+        actor_id = ray.get_actor(actor)._actor_id.hex()
         assert d.cp.apply([Cancel("stubborn")], cause_id="test").accepted
         t0 = time.monotonic()
         d.run_until(lambda: d.state("stubborn") is State.CANCELLED, what="the cancel")
@@ -300,7 +315,7 @@ def test_a_program_ignoring_sigterm_is_killed_after_the_grace_and_ray_confirms_i
         api = d.backend._api_url
         assert api is not None  # the test cluster runs the dashboard, so the state API is used
         assert get_actor(actor_id, address=api).state == "DEAD"  # Ray's state API agrees
-        assert _named(d.prefix) == []
+        assert _running(d.prefix, "stubborn") == []
         (fig,) = d.backend.stop_figures
         assert fig["grace_s"] == 1.0 and fig["forced"] == 1.0
     finally:
@@ -318,7 +333,7 @@ def test_commands_are_idempotent_by_request_id(driver: Driver) -> None:
     driver.backend.send([start, start])
     driver.backend.send([start])  # again, later
     driver.run_until(lambda: driver.state("once") is State.RUNNING, what="once to run")
-    assert _named(driver.prefix) == [f"{driver.prefix}:once:1:0"]
+    assert len(_running(driver.prefix, "once")) == 1  # one actor, not three
     stop = StopCommand("stop:once:1:test", "once", 1, 0.0, "cancel")
     assert driver.cp.apply([Cancel("once")], cause_id="test").accepted
     driver.backend.send([stop, stop])
@@ -361,7 +376,7 @@ def test_a_workload_that_cannot_start_fails_with_a_clear_cause(
         assert exited.exit_code == code
     finally:
         d.close()
-    assert _named(d.prefix) == []
+    assert _named(d.prefix, warm=True) == []
 
 
 def test_a_cluster_spec_that_ray_does_not_match_is_refused(cluster: Any) -> None:
@@ -417,7 +432,7 @@ def test_a_restarted_engine_adopts_what_runs_and_can_stop_it(
     finally:
         second.close()
         first.close()
-    assert _named(first.prefix) == []
+    assert _named(first.prefix, warm=True) == []
 
 
 def test_telemetry_measures_the_process_tree_and_labels_declared_gpus(driver: Driver) -> None:
@@ -437,3 +452,18 @@ def test_telemetry_measures_the_process_tree_and_labels_declared_gpus(driver: Dr
     assert max(t.metrics.get("ray_actors_alive", 0) for t in nodes) >= 1.0  # state API
     progress = [f.progress for f in driver.facts("busy") if f.__class__.__name__ == "Progress"]
     assert progress and progress == sorted(progress)
+
+
+def test_a_start_takes_a_warm_runner_and_the_pool_is_refilled(driver: Driver) -> None:
+    driver.run_until(lambda: driver.backend.warm_runners("n1") == 1, what="a warm runner on n1")
+    driver.submit(_spec("quick", [*SYNTH, "--work", "0.3"], gpu_models=["T4"],
+                        resources={"gpu": 1}))
+    driver.run_until(lambda: driver.state("quick") is State.SUCCEEDED, what="quick to finish")
+    info = driver.backend.attempt_info("quick", 1)
+    assert info is not None
+    (rep,) = info["replicas"]
+    assert rep["node"] == "n1" and ":~pool:n1:" in rep["actor"]  # it took the warm one
+    assert rep["ray_node_id"] == _ray_node_of("n1")
+    # used once: killed with its attempt, and a new one is started in its place
+    assert rep["actor"] not in _named(driver.prefix, warm=True)
+    driver.run_until(lambda: driver.backend.warm_runners("n1") == 1, what="the pool refilled")

@@ -63,6 +63,7 @@ from typing import Any
 
 from mlwe.backends.ray.cluster import (
     NODE_RESOURCE,
+    LocalRayCluster,
     gpu_model_resource,
     node_resource,
 )
@@ -97,7 +98,10 @@ class _WallClock:
 class RayBackendConfig:
     """How the Ray backend connects and behaves (every figure in seconds)."""
 
-    address: str | None = None  # Ray address; None: this process must already be connected
+    #: Ray address ("auto", "HOST:PORT"); "local": start a Ray cluster on this machine with
+    #: one Ray node per mlwe node (fake GPUs), owned and shut down by the backend; None: this
+    #: process must already be connected (``ray.init``)
+    address: str | None = None
     namespace: str = "mlwe"  # Ray namespace used when this backend connects
     prefix: str = "mlwe"  # names of actors and placement groups: <prefix>:<workload>:<attempt>
     checkpoint_root: str | None = None  # shared storage for checkpoints; default ./.mlwe/ray
@@ -111,6 +115,9 @@ class RayBackendConfig:
     progress_step: float = 0.01  # progress is reported when it moved this much (or checkpointed)
     use_state_api: bool | None = None  # None: when the dashboard answers
     runner_concurrency: int = 4  # threads per replica actor (wait, sample, stop at once)
+    #: idle runner actors kept started on each node: a start then takes one instead of
+    #: waiting for Ray to start a worker process (~1 s); each is used once and replaced
+    warm_runners_per_node: int = 1
     close_grace_s: float = 5.0
 
     def __post_init__(self) -> None:
@@ -124,6 +131,8 @@ class RayBackendConfig:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)!r}")
         if not 0 < self.progress_step <= 1:
             raise ValueError(f"progress_step must be in (0, 1], got {self.progress_step!r}")
+        if self.warm_runners_per_node < 0:
+            raise ValueError("warm_runners_per_node must not be negative")
         if self.runner_concurrency < 3:
             raise ValueError("runner_concurrency must be at least 3 (wait, sample and stop)")
 
@@ -158,11 +167,26 @@ class _Replica:
     reap_ref: Any = None
     pid: int | None = None
     ray_node_id: str | None = None  # where Ray really ran it (checked against the mapping)
+    actor_pid: int | None = None  # the Ray worker process hosting the actor
     exit_code: int | None = None
     killed_by: str | None = None  # the signal that ended the program, if one did
     stop_result: dict[str, Any] | None = None
     dead: bool = False  # Ray confirmed the actor is gone
     died: str | None = None  # the actor died on its own (error text)
+
+
+@dataclass
+class _Warm:
+    """An idle runner actor pinned to a node, started ahead of need."""
+
+    node: str
+    name: str
+    actor: Any
+    ready_ref: Any  # resolves once the actor runs; None after
+    ready: bool = False
+
+
+POOL_TAG = "~pool"  # in warm actors' names; a workload id cannot start with "~"
 
 
 @dataclass
@@ -193,6 +217,8 @@ class _Attempt:
     confirm_checks: int = 0
     t_stop: float | None = None  # monotonic time the stop was asked (for figures)
     resume_work_s: float = 0.0
+    t_start: float = field(default_factory=time.monotonic)  # the start command arrived
+    started_s: float | None = None  # start command -> every program running (PG + actors)
     teardown_force: bool = False  # what the teardown after draining does
 
     @property
@@ -224,7 +250,10 @@ class RayBackend:
         self.node_specs: dict[str, NodeSpec] = {n.name: n for n in specs}
         ray = _ray()
         self._owns_connection = False
-        if not ray.is_initialized():
+        self.local_cluster: LocalRayCluster | None = None
+        if not ray.is_initialized() and self.config.address == "local":
+            self.local_cluster = LocalRayCluster(specs, namespace=self.config.namespace)
+        elif not ray.is_initialized():
             if self.config.address is None:
                 raise ValueError(
                     "the Ray backend needs a Ray cluster: give its address"
@@ -258,10 +287,19 @@ class RayBackend:
         self.errors: list[str] = []  # start failures and oddities, newest last (for humans)
         self.stop_figures: list[dict[str, float]] = []  # per stop: seconds signal -> released
         self._closed = False
+        self._pool: dict[str, list[_Warm]] = {}  # node -> warm runner actors
+        self._pool_seq = itertools.count(1)
         runner_cls = ray.remote(ReplicaRunner)
         self._runner = runner_cls
         self._reaper = ray.remote(num_cpus=0, max_retries=0)(_reap_groups)
-        self._check_nodes(initial=True)
+        try:
+            self._check_nodes(initial=True)
+        except BaseException:
+            if self._owns_connection:
+                ray.shutdown()
+            if self.local_cluster is not None:
+                self.local_cluster.shutdown()
+            raise
 
     # ================================================================ protocol
     def send(self, commands: Sequence[Command]) -> None:
@@ -279,6 +317,7 @@ class RayBackend:
         if now >= self._next_node_check:
             self._next_node_check = now + self.config.node_check_period_s
             self._check_nodes()
+            self._refill_pool()
         self._advance()
         if time.monotonic() >= self._next_telemetry:
             self._next_telemetry = time.monotonic() + self.config.telemetry_period_s
@@ -324,8 +363,12 @@ class RayBackend:
             left = [f"{w}#{n}" for (w, n), a in self._attempts.items() if a.phase is not _Phase.DONE]
             if left:
                 log.warning("Ray backend closed with attempts not confirmed gone: %s", left)
+            self._drain_pool()
         if self._owns_connection and ray.is_initialized():
             ray.shutdown()
+        if self.local_cluster is not None:
+            self.local_cluster.shutdown()
+            self.local_cluster = None
 
     def describe(self) -> list[dict[str, Any]]:
         """Live attempts and the most recently finished ones, for humans and tests."""
@@ -333,6 +376,10 @@ class RayBackend:
             *(self._summary(a) for a in self._attempts.values()),
             *self._finished.values(),
         ]
+
+    def warm_runners(self, node: str) -> int:
+        """Warm runner actors ready on ``node`` now."""
+        return sum(1 for w in self._pool.get(node, ()) if w.ready)
 
     def attempt_info(self, workload: str, attempt: int) -> dict[str, Any] | None:
         key = (workload, attempt)
@@ -352,9 +399,16 @@ class RayBackend:
             "checkpoint_progress": a.checkpoint_progress,
             "placement_group": a.pg_name,
             "adopted": a.adopted,
+            "started_s": a.started_s,
+            # seconds from SIGTERM to the program's exit (its checkpoint), slowest replica
+            "stop_wait_s": max(
+                (float(r.stop_result.get("stop_s", 0.0)) for r in a.replicas if r.stop_result),
+                default=None,
+            ),
             "replicas": [
                 {"index": r.index, "node": r.node, "actor": r.name, "pid": r.pid,
-                 "ray_node_id": r.ray_node_id, "exit_code": r.exit_code}
+                 "actor_pid": r.actor_pid, "ray_node_id": r.ray_node_id,
+                 "exit_code": r.exit_code}
                 for r in a.replicas
             ],
         }
@@ -430,6 +484,8 @@ class RayBackend:
 
     def _node_lost(self, name: str, reason: str) -> None:
         self._down.add(name)
+        for warm in self._pool.pop(name, []):
+            self._kill_quietly(warm.actor)
         self._pending_down[name] = (time.monotonic(), reason)
         for a in self._attempts.values():
             if name in a.nodes and a.phase is not _Phase.DONE and a.outcome is not _Outcome.NODE_LOST:
@@ -525,21 +581,27 @@ class RayBackend:
                 "memory_mib": alloc.res.ram,
                 "pg": att.pg_name,
             }
-            rep.actor = self._runner.options(
-                name=rep.name,
-                lifetime="detached",
-                num_cpus=0,
-                num_gpus=gpus,
-                resources={node_resource(rep.node): 1.0},
-                max_restarts=0,
-                max_concurrency=self.config.runner_concurrency,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=att.pg, placement_group_bundle_index=rep.index
-                ),
-            ).remote(meta)
+            warm = self._take_warm(rep.node)
+            if warm is not None:
+                # a warm actor pinned to the node: the bundle holds the resources on Ray,
+                # the actor only runs the program
+                rep.actor, rep.name = warm.actor, warm.name
+            else:
+                rep.actor = self._runner.options(
+                    name=rep.name,
+                    lifetime="detached",
+                    num_cpus=0,
+                    num_gpus=gpus,
+                    resources={node_resource(rep.node): 1.0},
+                    max_restarts=0,
+                    max_concurrency=self.config.runner_concurrency,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=att.pg, placement_group_bundle_index=rep.index
+                    ),
+                ).remote(meta)
             env = self._env(att, rep, alloc, spec, ckpt)
             log_path = str(self.log_root / att.workload / f"a{att.attempt}-r{rep.index}.log")
-            rep.start_ref = rep.actor.start.remote(list(spec.command), env, None, log_path)
+            rep.start_ref = rep.actor.start.remote(list(spec.command), env, None, log_path, meta)
         att.phase = _Phase.SPAWNING
 
     def _env(
@@ -682,10 +744,14 @@ class RayBackend:
                         refs.append(r)
                 if att.phase is _Phase.DRAINING and rep.sample_ref is not None:
                     refs.append(rep.sample_ref)
+        for warm in self._pool_entries():
+            if warm.ready_ref is not None:
+                refs.append(warm.ready_ref)
         ready: set[Any] = set()
         if refs:
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
             ready = set(done)
+        self._advance_pool(ready)
         for att in list(self._attempts.values()):
             try:
                 self._advance_one(att, ready)
@@ -767,6 +833,7 @@ class RayBackend:
                 else:
                     rep.pid = int(value["pid"])
                     rep.ray_node_id = value.get("ray_node_id")
+                    rep.actor_pid = value.get("actor_pid")
                     expected = self._ray_node.get(rep.node)
                     if rep.ray_node_id and expected and rep.ray_node_id != expected:
                         self._error(f"{att.workload}#{att.attempt} replica {rep.index} runs on Ray"
@@ -785,6 +852,7 @@ class RayBackend:
             rep.wait_ref = rep.actor.wait.remote()
         att.phase = _Phase.RUNNING
         att.since = time.monotonic()
+        att.started_s = att.since - att.t_start
         self._emit(Started(att.workload, att.attempt), att.correlation_id)
 
     def _advance_running(self, att: _Attempt, ready: set[Any]) -> None:
@@ -1075,18 +1143,114 @@ class RayBackend:
                 self._emit(Progress(att.workload, att.attempt, float(p)), att.correlation_id)
         return metrics
 
+    # ================================================================ warm pool
+    def _pool_entries(self) -> list[_Warm]:
+        return [w for entries in self._pool.values() for w in entries]
+
+    def _refill_pool(self) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        want = self.config.warm_runners_per_node
+        if not want or self._closed:
+            return
+        for node, ray_node in self._ray_node.items():
+            if node in self._down:
+                continue
+            entries = self._pool.setdefault(node, [])
+            while len(entries) < want:
+                name = f"{self.config.prefix}:{POOL_TAG}:{node}:{next(self._pool_seq)}"
+                actor = self._runner.options(
+                    name=name,
+                    lifetime="detached",
+                    num_cpus=0,
+                    max_restarts=0,
+                    max_concurrency=self.config.runner_concurrency,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
+                ).remote({"node": node, "warm": True})
+                entries.append(_Warm(node, name, actor, actor.info.remote()))
+
+    def _advance_pool(self, ready: set[Any]) -> None:
+        for entries in self._pool.values():
+            for warm in list(entries):
+                if warm.ready_ref is None or warm.ready_ref not in ready:
+                    continue
+                ok, value = self._get(warm.ready_ref)
+                warm.ready_ref = None
+                if ok:
+                    warm.ready = True
+                else:  # it could not start (its node is going?): forget it, refill later
+                    log.debug("warm runner %s failed: %s", warm.name, value)
+                    entries.remove(warm)
+                    self._kill_quietly(warm.actor)
+
+    def _take_warm(self, node: str) -> _Warm | None:
+        entries = self._pool.get(node, [])
+        for warm in entries:
+            if warm.ready:
+                entries.remove(warm)
+                return warm
+        return None
+
+    def _kill_quietly(self, actor: Any) -> None:
+        try:
+            _ray().kill(actor, no_restart=True)
+        except Exception as exc:
+            log.debug("ray.kill: %s", exc)
+
+    def _drain_pool(self) -> None:
+        """Kill every warm actor and wait (a little) until Ray confirms them gone."""
+        ray = _ray()
+        warm = self._pool_entries()
+        self._pool.clear()
+        for w in warm:
+            self._kill_quietly(w.actor)
+        deadline = time.monotonic() + 10.0
+        pending = list(warm)
+        while pending and time.monotonic() < deadline:
+            refs = {w.actor.info.remote(): w for w in pending}
+            done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=1.0)
+            for ref in done:
+                ok, value = self._get(ref)
+                if not ok and isinstance(value, ray.exceptions.RayActorError) and not isinstance(
+                    value, ray.exceptions.ActorUnavailableError
+                ):
+                    pending.remove(refs[ref])
+            if pending:
+                time.sleep(0.05)
+
     # ================================================================ adoption
     def _named_actors(self) -> dict[tuple[str, int], dict[int, str]]:
-        """Actors of this prefix on Ray: (workload, attempt) -> {replica: name}."""
+        """Actors of this prefix on Ray: (workload, attempt) -> {replica: name}.
+
+        A warm actor's name does not say what it runs: it is asked (and one that
+        runs nothing and is not in this backend's pool, an earlier engine's, is killed)."""
         ray = _ray()
         out: dict[tuple[str, int], dict[int, str]] = {}
         ns = ray.get_runtime_context().namespace
+        mine = {w.name for w in self._pool_entries()} | {
+            r.name for a in self._attempts.values() for r in a.replicas
+        }
         for entry in ray.util.list_named_actors(all_namespaces=True):
             name = entry["name"] if isinstance(entry, dict) else entry
             if isinstance(entry, dict) and entry.get("namespace") != ns:
                 continue
             parts = name.split(":")
             if len(parts) != 4 or parts[0] != self.config.prefix:
+                continue
+            if parts[1] == POOL_TAG:
+                if name in mine:
+                    continue
+                try:
+                    actor = ray.get_actor(name)
+                    info = ray.get(actor.info.remote(), timeout=30)
+                except Exception as exc:
+                    log.debug("warm actor %s: %s", name, exc)
+                    continue
+                if info.get("workload") is None:
+                    self._kill_quietly(actor)  # idle, left by an earlier engine
+                    continue
+                out.setdefault((str(info["workload"]), int(info["attempt"])), {})[
+                    int(info.get("replica", 0))] = name
                 continue
             try:
                 attempt, replica = int(parts[2]), int(parts[3])

@@ -424,10 +424,19 @@ class ReplicaRunner:
         self._lock = threading.Lock()
 
     def start(
-        self, argv: list[str], env: dict[str, str], cwd: str | None, log_path: str | None
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        log_path: str | None,
+        meta: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Start the program once (a repeated call reports the first result)."""
+        """Start the program once (a repeated call reports the first result). ``meta``
+        says which replica of which attempt this actor now runs (a warm actor learns it
+        here, so an engine restarted later can find out)."""
         with self._lock:
+            if meta and self.process is None and self.start_error is None:
+                self.meta.update(meta)
             if self.process is not None:
                 return {"ok": True, "pid": self.process.proc.pid if self.process.proc else 0}
             if self.start_error is not None:
@@ -448,7 +457,7 @@ class ReplicaRunner:
                 self.start_error = str(exc)
                 return {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
             self.process = proc
-            return {"ok": True, "pid": pid, "ray_node_id": _ray_node_id()}
+            return {"ok": True, "pid": pid, "ray_node_id": _ray_node_id(), "actor_pid": os.getpid()}
 
     def wait(self) -> dict[str, Any]:
         """Block until the program exits: its exit code (128 + n when killed by signal n)
