@@ -325,7 +325,7 @@ def graph_problems(p: PipelineSpec) -> list[str]:
             )
         if s.kind is StepKind.SERVICE and "replicas" in s.workload:
             problems.append(f"{where}: a service's replica count is the step's 'replicas'")
-    if not problems:
+    if not dup:
         cycle = find_cycle(p)
         if cycle:
             problems.append(f"cycle between steps: {' -> '.join(cycle)}")
