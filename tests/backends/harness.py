@@ -297,3 +297,9 @@ class LocalHarness(Harness):
 
 
 HARNESSES: dict[str, type[Harness]] = {"sim": SimHarness, "local": LocalHarness}
+
+
+# the Ray backend's harness lives in its own module (it subclasses Harness, defined above)
+from tests.backends.ray_harness import RayHarness  # noqa: E402
+
+HARNESSES["ray"] = RayHarness
