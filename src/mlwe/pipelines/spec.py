@@ -328,7 +328,9 @@ def graph_problems(p: PipelineSpec) -> list[str]:
     if not dup:
         cycle = find_cycle(p)
         if cycle:
-            problems.append(f"cycle between steps: {' -> '.join(cycle)}")
+            problems.append(
+                f"cycle between steps: {' -> '.join(cycle)} (each depends on the one before it)"
+            )
     bad_defaults = sorted(set(p.defaults) & RESERVED_WORKLOAD_FIELDS)
     if bad_defaults:
         problems.append(
@@ -493,14 +495,28 @@ class PipelineError(ValueError):
         super().__init__("\n".join(problems))
 
 
-def _flatten(exc: ValidationError, source: str) -> list[str]:
+def _flatten(exc: ValidationError, source: str, data: Mapping[str, Any]) -> list[str]:
+    """Pydantic's errors as lines; a location inside a step is named by the step's name."""
+    steps = data.get("steps")
     out = []
     for e in exc.errors():
-        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in e["loc"]).lstrip(".")
+        loc = list(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
-        parts = msg.split("\n") if not loc else [msg]
+        if loc == ["steps"] and isinstance(steps, list | tuple) and steps and (
+            "at least 1 item" in msg
+        ):
+            continue  # pydantic's echo of an invalid step, not a missing list
+        prefix = ""
+        if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
+            item = steps[loc[1]] if isinstance(steps, list | tuple) and loc[1] < len(steps) else None
+            name = item.get("name") if isinstance(item, Mapping) else None
+            prefix = f"step {name!r}" if isinstance(name, str) else f"steps[{loc[1]}]"
+            loc = loc[2:]
+        where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in loc).lstrip(".")
+        where = ": ".join(w for w in (prefix, where) if w)
+        parts = msg.split("\n") if not where else [msg]
         for m in parts:
-            out.append(f"{source}: {loc + ': ' if loc else ''}{m}")
+            out.append(f"{source}: {where + ': ' if where else ''}{m}")
     return out
 
 
@@ -513,7 +529,7 @@ def parse_pipeline(
     try:
         return PipelineSpec.model_validate(data, context={"catalog": catalog})
     except ValidationError as exc:
-        raise PipelineError(_flatten(exc, source)) from None
+        raise PipelineError(_flatten(exc, source, data)) from None
 
 
 def load_pipeline(path: str | Path, catalog: GpuCatalog = DEFAULT_CATALOG) -> PipelineSpec:
