@@ -478,6 +478,12 @@ from mlwe.api.cli import register as _register_service  # noqa: E402
 _register_service(app, bench_app)
 
 
+# pipelines: pipeline run/status/validate/models, runs list/show, example ... (mlwe.pipelines)
+from mlwe.pipelines.cli import register as _register_pipelines  # noqa: E402
+
+_register_pipelines(app)
+
+
 def main() -> None:
     app()
 
