@@ -174,6 +174,10 @@ class Harness:
     def starts(self, wid: str) -> list[StartCommand]:
         return [c for c in self.sent if isinstance(c, StartCommand) and c.workload == wid]
 
+    def progress(self, wid: str) -> float:
+        """How far the workload's current run got, as the control plane knows it."""
+        return self.cp.get(wid).progress
+
     def resumed_from(self, wid: str, attempt: int) -> float | None:
         """The progress the workload's attempt resumed from, as the workload itself saw it."""
         return self.resumed.get((wid, attempt))
@@ -243,8 +247,19 @@ class SimHarness(Harness):
         self.resumed[(c.workload, c.attempt)] = saved / self.durations[c.workload]
         self.seen_replicas.setdefault(c.workload, set()).update(range(len(c.placement)))
 
+    def progress(self, wid: str) -> float:
+        # the simulator reports no progress; what its run has done is known here
+        assert isinstance(self.backend, SimBackend)
+        run = self.backend._runs.get(wid)
+        if run is None or run.finished:
+            return self.cp.get(wid).progress
+        done = run.base_work + max(0.0, self.kernel.clock.t - run.t_start - run.overhead)
+        return min(1.0, done / self.durations[wid])
+
     def _advance(self, deadline: float) -> None:
-        nxt = min(self.kernel.peek(), self.rec.next_wakeup() or math.inf, deadline)
+        # at most 0.1 s at a time, so conditions on progress are seen as they become true
+        nxt = min(self.kernel.peek(), self.rec.next_wakeup() or math.inf, deadline,
+                  self.kernel.clock.t + 0.1)
         if nxt not in self._wakeups and nxt != self.kernel.peek():
             self._wakeups.add(nxt)
             self.kernel.at(nxt, lambda _: None)  # a retry or the deadline is due then
