@@ -1,7 +1,8 @@
 """The pipelines' CLI commands, registered on the ``mlwe`` app by ``mlwe.cli``.
 
 - ``mlwe pipeline validate FILE`` / ``run FILE`` / ``status [RUN]`` / ``models [NAME]``;
-- ``mlwe runs list`` / ``runs show RUN``: what the store recorded;
+- ``mlwe runs list`` / ``runs show RUN``: what the store recorded; ``runs
+  export-mlflow``: to an MLflow tracking store (optional extra ``mlwe[mlflow]``);
 - ``mlwe example drift-retrain`` / ``example inference-scaling``: the case studies,
   run for real on local workload daemons, printing their figures.
 
@@ -203,12 +204,18 @@ def pipeline_run(
     """Run a pipeline on the engine: every step a workload through the control plane."""
     from mlwe.pipelines.loop import PipelineLoop
     from mlwe.pipelines.runner import PipelineRunner
-    from mlwe.pipelines.spec import PipelineError
+    from mlwe.pipelines.spec import PipelineError, resolve_params
     from mlwe.runtime.clock import WallClock
     from mlwe.runtime.engine import Engine, EngineConfig
 
     spec = _load(file)
     params = _params(param or [])
+    try:
+        resolve_params(spec, params)  # refuse a bad parameter before starting anything
+    except PipelineError as exc:
+        for p in exc.problems:
+            err.print(f"[red]error[/red] {p}", markup=True, soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
     if backend not in ("local", "sim"):
         err.print("error: --backend must be local or sim", markup=False)
         raise typer.Exit(2)
@@ -363,6 +370,38 @@ def runs_show(
     from mlwe.pipelines.store import PipelineStore
 
     _show(PipelineStore(_repo(data_dir, database_url)), run_id, as_json, full=True)
+
+
+@runs_app.command("export-mlflow")
+def runs_export_mlflow(
+    run_ids: Annotated[list[str] | None, typer.Argument(help="runs to export; default: latest")] = None,
+    tracking_uri: Annotated[
+        str, typer.Option("--tracking-uri", help="MLflow tracking URI or a local directory")
+    ] = "mlruns",
+    experiment: Annotated[
+        str | None, typer.Option(help="MLflow experiment; default mlwe/<pipeline>")
+    ] = None,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """Export runs, step metrics and artifact paths to MLflow (needs mlwe[mlflow])."""
+    from mlwe.pipelines.mlflow_export import MlflowMissing, export_runs
+    from mlwe.pipelines.store import PipelineStore
+
+    store = PipelineStore(_repo(data_dir, database_url))
+    try:
+        done = export_runs(store, tracking_uri, run_ids or None, experiment=experiment)
+    except (MlflowMissing, KeyError) as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps([d.__dict__ for d in done], sort_keys=True))
+        return
+    for d in done:
+        what = "already exported" if d.skipped else "exported"
+        out.print(f"{d.run_id}: {what} as MLflow run {d.mlflow_run_id}"
+                  f" (experiment {d.experiment_id})", markup=False)
 
 
 def _show(store: Any, run_id: str, as_json: bool, *, full: bool = False) -> None:
