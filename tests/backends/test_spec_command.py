@@ -43,3 +43,17 @@ def test_bad_command_or_env_is_refused_naming_the_field(fields: dict[str, Any], 
     (err,) = exc.value.errors()
     assert err["loc"][0] == loc
     assert message in str(exc.value)
+
+
+def test_the_local_programs_example_names_programs_that_exist() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from mlwe.specfile import load_workloads
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "local-programs.yaml"
+    specs = load_workloads(path)
+    assert len(specs) == 3
+    for s in specs:
+        assert s.command[:2] == ("python", "-m")
+        assert importlib.util.find_spec(s.command[2]) is not None, s.command[2]
