@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from mlwe.pipelines.engine import EngineLike
 from mlwe.pipelines.runner import PipelineRunner
 from mlwe.pipelines.supervision import Supervisor
-from mlwe.runtime.engine import Engine
 
 log = logging.getLogger("mlwe.pipelines.loop")
 
@@ -25,7 +25,7 @@ log = logging.getLogger("mlwe.pipelines.loop")
 class PipelineLoop:
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineLike,
         runner: PipelineRunner,
         supervisors: Sequence[Supervisor] = (),
         *,

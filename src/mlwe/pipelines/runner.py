@@ -44,6 +44,7 @@ from mlwe.core.actions import Action, Cancel, Submit
 from mlwe.core.controlplane import NOT_ITS_FAULT, ApplyResult, Rejection
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload
+from mlwe.pipelines.engine import EngineLike
 from mlwe.pipelines.spec import (
     PipelineError,
     PipelineSpec,
@@ -56,7 +57,6 @@ from mlwe.pipelines.spec import (
     resolve_params,
 )
 from mlwe.pipelines.store import ModelRegistry, PipelineStore, RegistryError, RunRecord, StepRecord
-from mlwe.runtime.engine import Engine
 
 log = logging.getLogger("mlwe.pipelines")
 
@@ -153,7 +153,7 @@ class PipelineRunner:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineLike,
         data_dir: str | Path,
         *,
         store: PipelineStore | None = None,

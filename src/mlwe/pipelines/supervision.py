@@ -36,10 +36,10 @@ from typing import Any, Protocol
 
 from croniter import croniter  # type: ignore[import-untyped]
 
+from mlwe.pipelines.engine import EngineLike
 from mlwe.pipelines.runner import PipelineEvent, PipelineRunner
 from mlwe.pipelines.spec import PipelineError, PipelineSpec
 from mlwe.pipelines.store import ModelRegistry, RegistryError
-from mlwe.runtime.engine import Engine
 
 log = logging.getLogger("mlwe.pipelines.supervision")
 
@@ -533,7 +533,7 @@ BUILTIN_ACTUATORS: Mapping[str, ActuatorFn] = {
 
 
 # ===================================================================== wiring
-def engine_sinks(engine: Engine) -> tuple[AuditSink, ReasoningSink]:
+def engine_sinks(engine: EngineLike) -> tuple[AuditSink, ReasoningSink]:
     """Sinks that write to ``engine``'s audit chain and reasoning stream (durably)."""
 
     def audit(kind: str, actor: str, payload: dict[str, Any], cid: str | None) -> None:
