@@ -244,3 +244,27 @@ def test_status_events_reach_listeners_in_order(local: tuple[Engine, PipelineRun
     metrics = json.loads((runner.data_dir / "runs" / run.id / "steps" / "only" / "metrics.json")
                          .read_text())
     assert metrics == {"v": 1}
+
+
+def test_a_new_runner_resumes_unfinished_runs_from_the_store(sim: SimRig) -> None:
+    p = Pipeline("long", defaults={"estimated_duration": "10s"})
+    p.step("a", ["a"])
+    p.step("b", ["b"], depends_on=["a"])
+    p.step("svc", ["s", "${replica}"], kind="service", replicas=2, depends_on=["b"],
+           workload={"estimated_duration": "10h"})
+    run = sim.runner.start(p.build(), actor="supervisor:x", rationale="nightly")
+    sim.until(lambda: sim.runner.run(run.id).steps[0].status == "succeeded")
+    # whatever drove the run goes away; a new runner on the same engine and store takes over
+    fresh = PipelineRunner(sim.engine, sim.runner.data_dir, verify_outputs=False)
+    sim.runner = fresh
+    assert fresh.resume() == [run.id]
+    assert fresh.resume() == []  # already followed
+    sim.until(lambda: fresh.status(run.id) == "serving")
+    rec = fresh.run(run.id)
+    assert [s.status for s in rec.steps] == ["succeeded", "succeeded", "serving"]
+    assert rec.actor == "supervisor:x" and rec.rationale == "nightly"
+    assert fresh.scale_service(run.id, "svc", 3, actor="x", rationale="more").created == (
+        f"{run.id}.svc.2",)  # replica numbering continues
+    proposals = [a.data()["rationale"] for a in sim.engine.audit.show(kind="proposal", limit=None)]
+    # the service (after b, which ran after the takeover) was submitted by the resumed runner
+    assert "nightly; start 2 replica(s) of service svc of long-1" in proposals

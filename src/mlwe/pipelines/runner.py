@@ -210,6 +210,8 @@ class PipelineRunner:
                 created=now,
                 updated=now,
                 correlation_id=correlation_id or rid,
+                actor=actor,
+                rationale=rationale,
             )
             steps = {
                 s.name: StepRecord(rid, s.name, StepStatus.WAITING.value, kind=s.kind.value)
@@ -228,6 +230,51 @@ class PipelineRunner:
             self._emit(run, "run.started", data={"params": dict(resolved), "actor": actor})
         self.advance()
         return record
+
+    def resume(self) -> list[str]:
+        """Follow again every run the store holds as running or serving.
+
+        After a restart of whatever drove the runs (the engine keeps their
+        workloads), a new runner picks them up where the store left them:
+        steps already submitted are followed, the others start when ready.
+        Returns the ids of the runs resumed."""
+        resumed = []
+        with self._lock:
+            stored = self.store.runs(limit=10_000, statuses=(
+                RunStatus.RUNNING.value, RunStatus.SERVING.value))
+            for brief in stored:
+                if brief.id in self._runs:
+                    continue
+                rec = self.store.run(brief.id)
+                if rec is None:
+                    continue
+                try:
+                    spec = PipelineSpec.model_validate(rec.spec)
+                except ValueError as exc:  # written by an older, incompatible version
+                    log.warning("run %s cannot be resumed: %s", rec.id, exc)
+                    continue
+                steps = {s.step: s for s in rec.steps}
+                for s in spec.steps:
+                    steps.setdefault(
+                        s.name, StepRecord(rec.id, s.name, StepStatus.WAITING.value,
+                                           kind=s.kind.value)
+                    )
+                run_dir = self.data_dir / "runs" / rec.id
+                values = base_values(rec.id, run_dir, self.data_dir, rec.params)
+                run = _Run(spec, rec, steps, values, run_dir, rec.actor, rec.rationale)
+                for s in spec.steps:
+                    if s.kind is StepKind.SERVICE:
+                        target = steps[s.name].metrics.get("replicas_target", s.replicas)
+                        run.targets[s.name] = int(target)
+                        ids = steps[s.name].workloads
+                        run.next_replica[s.name] = 1 + max(
+                            (int(w.rsplit(".", 1)[1]) for w in ids), default=-1
+                        )
+                self._runs[rec.id] = run
+                self._emit(run, "run.resumed", data={"actor": rec.actor})
+                resumed.append(rec.id)
+        self.advance()
+        return resumed
 
     def _new_run_id(self, pipeline: str) -> str:
         n = self.store.next_number(pipeline)

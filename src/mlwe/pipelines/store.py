@@ -87,12 +87,16 @@ class RunRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)
+    actor: str = "user"
+    rationale: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "pipeline": self.pipeline,
             "status": self.status,
+            "actor": self.actor,
+            "rationale": self.rationale,
             "correlation_id": self.correlation_id,
             "params": dict(self.params),
             "metrics": dict(self.metrics),
@@ -156,6 +160,8 @@ class PipelineStore:
             "artifacts": _json(run.artifacts),
             "created": run.created,
             "updated": run.updated,
+            "actor": run.actor,
+            "rationale": run.rationale,
         }
 
         def go(c: Connection) -> None:
@@ -194,12 +200,16 @@ class PipelineStore:
         with self.repo.engine.connect() as c:
             return c.execute(select(t.c.id).where(t.c.id == run_id)).first() is not None
 
-    def runs(self, pipeline: str | None = None, *, limit: int = 50) -> list[RunRecord]:
+    def runs(
+        self, pipeline: str | None = None, *, limit: int = 50, statuses: tuple[str, ...] = ()
+    ) -> list[RunRecord]:
         """The latest runs, newest first (without their steps)."""
         t = S.pipeline_runs
         q = select(t).order_by(t.c.created.desc(), t.c.id.desc()).limit(limit)
         if pipeline is not None:
             q = q.where(t.c.pipeline == pipeline)
+        if statuses:
+            q = q.where(t.c.status.in_(statuses))
         with self.repo.engine.connect() as c:
             rows = c.execute(q).mappings().all()
         return [self._run(r) for r in rows]
@@ -232,6 +242,8 @@ class PipelineStore:
             correlation_id=r["correlation_id"],
             metrics=_load(r["metrics"], {}),
             artifacts=_load(r["artifacts"], {}),
+            actor=r["actor"],
+            rationale=r["rationale"],
         )
 
     @staticmethod

@@ -218,6 +218,8 @@ pipeline_runs = Table(
     Column("artifacts", Text, nullable=False),
     Column("created", Float, nullable=False),
     Column("updated", Float, nullable=False),
+    Column("actor", String(128), nullable=False, default="user"),  # who started it
+    Column("rationale", Text),  # why, when an agent started it (its steps are proposals)
 )
 Index("ix_pipeline_runs_pipeline", pipeline_runs.c.pipeline)
 

@@ -53,6 +53,8 @@ def upgrade() -> None:
         sa.Column("artifacts", sa.Text, nullable=False),
         sa.Column("created", sa.Float, nullable=False),
         sa.Column("updated", sa.Float, nullable=False),
+        sa.Column("actor", sa.String(128), nullable=False),
+        sa.Column("rationale", sa.Text),
     )
     op.create_index("ix_pipeline_runs_pipeline", "pipeline_runs", ["pipeline"])
     op.create_table(
