@@ -75,3 +75,61 @@ def test_run_then_status_and_runs(tmp_path: Path) -> None:
     assert again.exit_code == 2 and "unknown parameter 'lr' for pipeline 'tiny'" in again.output
     bad = cli.invoke(app, ["pipeline", "run", str(f), "-p", "oops", "--data-dir", str(data)])
     assert bad.exit_code == 2 and "expected NAME=VALUE" in bad.output
+
+
+def test_a_killed_run_is_resumed_to_its_end(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from mlwe.pipelines.store import PipelineStore
+    from mlwe.store.db import SchemaError
+    from mlwe.store.repository import Repository
+
+    doc = {
+        "name": "slow",
+        "defaults": {"resources": {"cpu": "250m", "memory": "64Mi"}},
+        "steps": [
+            {"name": "first", "command": [sys.executable, "-c",
+                                          "import sys; open(sys.argv[1], 'w').write('1')",
+                                          "${outputs.o}"], "outputs": {"o": "one.txt"}},
+            {"name": "second", "command": [sys.executable, "-c",
+                                           "import sys, time; time.sleep(1.5);"
+                                           " open(sys.argv[1], 'w').write('2')", "${outputs.o}"],
+             "outputs": {"o": "two.txt"}, "depends_on": ["first"]},
+        ],
+    }
+    f = tmp_path / "slow.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    data = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-m", "mlwe.cli", "pipeline", "run", str(f),
+                             "--data-dir", str(data)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the second step runs
+            try:
+                repo = Repository.open(data_dir=data)
+            except SchemaError:  # not created yet
+                time.sleep(0.1)
+                continue
+            try:
+                run = PipelineStore(repo).run("slow-1")
+            finally:
+                repo.close()
+            if run is not None and run.steps[1].status == "running":
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the second step never ran")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI dies, and its daemons with it
+        proc.wait()
+    res = cli.invoke(app, ["pipeline", "resume", "--data-dir", str(data), "--json"])
+    assert res.exit_code == 0, res.output
+    run = json.loads(res.stdout.strip().splitlines()[-1])
+    assert run["id"] == "slow-1" and run["status"] == "succeeded"
+    assert [s["status"] for s in run["steps"]] == ["succeeded", "succeeded"]
+    assert run["steps"][1]["attempts"] == 2  # its first attempt vanished with the machine
+    assert (data / "runs" / "slow-1" / "two.txt").read_text() == "2"

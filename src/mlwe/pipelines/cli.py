@@ -1,6 +1,7 @@
 """The pipelines' CLI commands, registered on the ``mlwe`` app by ``mlwe.cli``.
 
-- ``mlwe pipeline validate FILE`` / ``run FILE`` / ``status [RUN]`` / ``models [NAME]``;
+- ``mlwe pipeline validate FILE`` / ``run FILE`` / ``resume`` / ``status [RUN]`` /
+  ``models [NAME]``;
 - ``mlwe runs list`` / ``runs show RUN``: what the store recorded; ``runs
   export-mlflow``: to an MLflow tracking store (optional extra ``mlwe[mlflow]``);
 - ``mlwe example drift-retrain`` / ``example inference-scaling``: the case studies,
@@ -181,45 +182,28 @@ def pipeline_validate(
     )
 
 
-@pipeline_app.command("run")
-def pipeline_run(
-    file: Annotated[Path, typer.Argument(help="pipeline spec (YAML or JSON)")],
-    param: Annotated[
-        list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable)")
-    ] = None,
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    cluster_file: Annotated[
-        Path | None, typer.Option("--cluster", help="cluster spec for a new data directory")
-    ] = None,
-    backend: Annotated[
-        str, typer.Option(help="local (workload daemons, real processes) or sim")
-    ] = "local",
-    serve_for: Annotated[
-        float, typer.Option("--serve-for", help="seconds to keep services up once serving")
-    ] = 0.0,
-    timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 3600.0,
-    as_json: AsJson = False,
-) -> None:
-    """Run a pipeline on the engine: every step a workload through the control plane."""
+Backend = Annotated[str, typer.Option(help="local (workload daemons, real processes) or sim")]
+ClusterFile = Annotated[
+    Path | None, typer.Option("--cluster", help="cluster spec for a new data directory")
+]
+ServeFor = Annotated[
+    float, typer.Option("--serve-for", help="seconds to keep services up once serving")
+]
+Timeout = Annotated[float, typer.Option(help="give up after this many seconds")]
+
+
+def _open_engine(
+    ddir: Path, database_url: str | None, cluster_file: Path | None, backend: str
+) -> tuple[Any, Any, Any]:
+    """The engine on the data directory, its pipeline runner and the loop that drives both."""
     from mlwe.pipelines.loop import PipelineLoop
     from mlwe.pipelines.runner import PipelineRunner
-    from mlwe.pipelines.spec import PipelineError, resolve_params
     from mlwe.runtime.clock import WallClock
     from mlwe.runtime.engine import Engine, EngineConfig
 
-    spec = _load(file)
-    params = _params(param or [])
-    try:
-        resolve_params(spec, params)  # refuse a bad parameter before starting anything
-    except PipelineError as exc:
-        for p in exc.problems:
-            err.print(f"[red]error[/red] {p}", markup=True, soft_wrap=True, highlight=False)
-        raise typer.Exit(2) from None
     if backend not in ("local", "sim"):
         err.print("error: --backend must be local or sim", markup=False)
         raise typer.Exit(2)
-    ddir = _data_dir(data_dir)
     cluster = _cluster(ddir, database_url, cluster_file)
     clock = WallClock()
     be: Any
@@ -239,7 +223,67 @@ def pipeline_run(
     engine = Engine.open(cluster, be, data_dir=ddir, database_url=database_url, clock=clock,
                          config=EngineConfig(retry_base_s=1.0, tick_s=0.1))
     runner = PipelineRunner(engine, ddir, verify_outputs=backend == "local")
-    loop = PipelineLoop(engine, runner, period_s=0.1)
+    return engine, runner, PipelineLoop(engine, runner, period_s=0.1)
+
+
+def _follow(runner: Any, loop: Any, run_ids: list[str], serve_for: float, timeout: float,
+            as_json: bool) -> int:
+    """Drive ``run_ids`` to their end (services: ``serve_for`` seconds); the exit code."""
+    finished = {"succeeded", "failed", "cancelled"}
+    ok = loop.run_until(
+        lambda: all(runner.status(r) in finished | {"serving"} for r in run_ids), timeout
+    )
+    serving = [r for r in run_ids if runner.status(r) == "serving"]
+    if ok and serving:
+        if not as_json:
+            out.print(f"serving: {', '.join(serving)}; stopping their services in {serve_for:g}s")
+        end = time.monotonic() + serve_for
+        loop.run_until(lambda: time.monotonic() >= end, serve_for + 1)
+        for r in serving:
+            runner.stop(r, actor="cli", reason="--serve-for elapsed")
+    elif not ok:
+        for r in run_ids:
+            if runner.status(r) not in finished:
+                err.print(f"run {r}: still {runner.status(r)} after {timeout:g}s; stopping it",
+                          markup=False)
+                runner.stop(r, actor="cli", reason="timeout")
+    loop.run_until(lambda: all(runner.status(r) in finished for r in run_ids), 60)
+    runs = [runner.run(r) for r in run_ids]
+    for run in runs:
+        if as_json:
+            print(json.dumps(run.to_dict(), sort_keys=True))
+        else:
+            out.print(_steps_table(run))
+    return 0 if all(run.status == "succeeded" for run in runs) else 1
+
+
+@pipeline_app.command("run")
+def pipeline_run(
+    file: Annotated[Path, typer.Argument(help="pipeline spec (YAML or JSON)")],
+    param: Annotated[
+        list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable)")
+    ] = None,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    cluster_file: ClusterFile = None,
+    backend: Backend = "local",
+    serve_for: ServeFor = 0.0,
+    timeout: Timeout = 3600.0,
+    as_json: AsJson = False,
+) -> None:
+    """Run a pipeline on the engine: every step a workload through the control plane."""
+    from mlwe.pipelines.spec import PipelineError, resolve_params
+
+    spec = _load(file)
+    params = _params(param or [])
+    try:
+        resolve_params(spec, params)  # refuse a bad parameter before starting anything
+    except PipelineError as exc:
+        for p in exc.problems:
+            err.print(f"[red]error[/red] {p}", markup=True, soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    ddir = _data_dir(data_dir)
+    engine, runner, loop = _open_engine(ddir, database_url, cluster_file, backend)
     code = 0
     try:
         try:
@@ -249,29 +293,42 @@ def pipeline_run(
                 err.print(f"[red]error[/red] {p}", markup=True, soft_wrap=True, highlight=False)
             raise typer.Exit(2) from None
         if not as_json:
-            out.print(f"run {rec.id}: started ({len(spec.steps)} steps); data in {ddir / 'runs' / rec.id}")
-        finished = {"succeeded", "failed", "cancelled"}
-        ok = loop.run_until(lambda: runner.status(rec.id) in finished | {"serving"}, timeout)
-        if ok and runner.status(rec.id) == "serving":
-            if not as_json:
-                out.print(f"run {rec.id}: serving; stopping its services in {serve_for:g}s")
-            end = time.monotonic() + serve_for
-            loop.run_until(lambda: time.monotonic() >= end, serve_for + 1)
-            runner.stop(rec.id, actor="cli", reason="--serve-for elapsed")
-            loop.run_until(lambda: runner.status(rec.id) in finished, 60)
-        elif not ok:
-            err.print(f"run {rec.id}: still {runner.status(rec.id)} after {timeout:g}s; stopping it",
-                      markup=False)
-            runner.stop(rec.id, actor="cli", reason="timeout")
-            loop.run_until(lambda: runner.status(rec.id) in finished, 60)
-        run = runner.run(rec.id)
-        if as_json:
-            print(json.dumps(run.to_dict(), sort_keys=True))
-        else:
-            out.print(_steps_table(run))
-        code = 0 if run.status == "succeeded" else 1
+            out.print(f"run {rec.id}: started ({len(spec.steps)} steps);"
+                      f" data in {ddir / 'runs' / rec.id}")
+        code = _follow(runner, loop, [rec.id], serve_for, timeout, as_json)
     except KeyboardInterrupt:
         err.print("interrupted: stopping the run", markup=False)
+        for rid in runner.active_runs():
+            runner.stop(rid, actor="cli", reason="interrupted")
+        code = 130
+    finally:
+        engine.close(stop_workloads=True)
+    raise typer.Exit(code)
+
+
+@pipeline_app.command("resume")
+def pipeline_resume(
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    backend: Backend = "local",
+    serve_for: ServeFor = 0.0,
+    timeout: Timeout = 3600.0,
+    as_json: AsJson = False,
+) -> None:
+    """Follow the runs the store holds as unfinished (after ``pipeline run`` was stopped)."""
+    ddir = _data_dir(data_dir)
+    engine, runner, loop = _open_engine(ddir, database_url, None, backend)
+    try:
+        resumed = runner.resume()
+        if not resumed:
+            if not as_json:
+                out.print("no unfinished pipeline run to resume")
+            code = 0
+        else:
+            if not as_json:
+                out.print(f"resumed: {', '.join(resumed)}")
+            code = _follow(runner, loop, resumed, serve_for, timeout, as_json)
+    except KeyboardInterrupt:
         for rid in runner.active_runs():
             runner.stop(rid, actor="cli", reason="interrupted")
         code = 130
