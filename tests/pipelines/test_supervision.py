@@ -108,6 +108,10 @@ def test_sensors_rules_and_actuators_are_recorded() -> None:
         sup.rule("x", "nope", lambda s, o: None)
     bad = sup.act(Decision("teleport", {}, "why not"))
     assert not bad.accepted and "unknown actuator 'teleport'" in bad.reasons[0]
+    bad = sup.act(Decision("promote-model", {"version": 2}, "no model named"))
+    assert bad.reasons == ("promote-model: missing argument 'model'",)
+    bad = sup.act(Decision("scale-service", {"run_id": "r", "step": "s", "replicas": "3"}, "x"))
+    assert bad.reasons == ("scale-service: argument 'replicas' must be int, got str",)
 
 
 def test_a_failing_sensor_does_not_stop_the_others() -> None:

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from croniter import croniter  # type: ignore[import-untyped]
 
@@ -42,6 +42,7 @@ from mlwe.pipelines.spec import PipelineError, PipelineSpec
 from mlwe.pipelines.store import ModelRegistry, RegistryError
 
 log = logging.getLogger("mlwe.pipelines.supervision")
+T = TypeVar("T")
 
 AuditSink = Callable[[str, str, dict[str, Any], str | None], None]  # kind, actor, payload, cid
 ReasoningSink = Callable[[dict[str, Any], str | None], None]  # record, correlation id
@@ -401,6 +402,18 @@ def _need_registry(sup: Supervisor) -> ModelRegistry:
     return sup.registry
 
 
+def _arg(d: Decision, name: str, kind: type[T]) -> T:
+    """A decision's argument, checked: a missing or mistyped one is refused by name."""
+    if name not in d.args:
+        raise ValueError(f"{d.actuator}: missing argument {name!r}")
+    v = d.args[name]
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise ValueError(
+            f"{d.actuator}: argument {name!r} must be {kind.__name__}, got {type(v).__name__}"
+        )
+    return v
+
+
 def rerun_pipeline(sup: Supervisor, d: Decision, cid: str) -> ActuationResult:
     """args: ``pipeline`` (a PipelineSpec), ``params``: start a run whose steps are proposals."""
     runner = _need_runner(sup)
@@ -454,9 +467,9 @@ def check_promotion(
 
 def promote_model(sup: Supervisor, d: Decision, cid: str) -> ActuationResult:
     """args: ``model``, ``version``, ``metric``, optional ``min_gain``: verified promotion."""
+    name = _arg(d, "model", str)
+    version = _arg(d, "version", int)
     registry = _need_registry(sup)
-    name = str(d.args["model"])
-    version = int(d.args["version"])
     metric = str(d.args.get("metric", "accuracy"))
     min_gain = float(d.args.get("min_gain", 0.0))
     try:
@@ -491,8 +504,8 @@ def promote_model(sup: Supervisor, d: Decision, cid: str) -> ActuationResult:
 
 def rollback_model(sup: Supervisor, d: Decision, cid: str) -> ActuationResult:
     """args: ``model``: put back the version production replaced last."""
+    name = _arg(d, "model", str)
     registry = _need_registry(sup)
-    name = str(d.args["model"])
     try:
         removed, restored = registry.rollback(name)
     except RegistryError as exc:
@@ -513,10 +526,9 @@ def rollback_model(sup: Supervisor, d: Decision, cid: str) -> ActuationResult:
 
 def scale_service(sup: Supervisor, d: Decision, cid: str) -> ActuationResult:
     """args: ``run_id``, ``step``, ``replicas``: replicas added or cancelled by proposal."""
-    runner = _need_runner(sup)
-    result = runner.scale_service(
-        str(d.args["run_id"]), str(d.args["step"]), int(d.args["replicas"]),
-        actor=sup.actor, rationale=d.rationale,
+    run_id, step, n = _arg(d, "run_id", str), _arg(d, "step", str), _arg(d, "replicas", int)
+    result = _need_runner(sup).scale_service(
+        run_id, step, n, actor=sup.actor, rationale=d.rationale
     )
     return ActuationResult(
         result.accepted, tuple(result.reasons()), {"version": result.version,
