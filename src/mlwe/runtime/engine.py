@@ -181,6 +181,9 @@ class Engine:
         self._tel_buffer: list[TelemetrySample] = []
         self._last_maintenance = clock.now()
         self._wake = threading.Event()
+        wakers = getattr(backend, "event_listeners", None)
+        if isinstance(wakers, list):  # a backend that can say "events are ready": react at once
+            wakers.append(self._wake.set)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ticks = 0

@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -213,6 +213,9 @@ class LocalBackend:
         self._n = itertools.count(1)
         self._lock = threading.RLock()
         self._wake = threading.Event()
+        #: Called (from the backend's threads) whenever an event is ready to poll:
+        #: the runtime engine registers its wake-up here, so it reacts at once.
+        self.event_listeners: list[Callable[[], None]] = []
         self._events: list[Event] = []
         self._telemetry: deque[Telemetry] = deque(maxlen=200_000)
         self._seen: set[str] = set()
@@ -444,6 +447,8 @@ class LocalBackend:
             Event(f"local-{self._iid}-{next(self._n)}", self.clock.now(), fact, correlation_id)
         )
         self._wake.set()
+        for listener in self.event_listeners:
+            listener()
 
     def _error(self, text: str) -> None:
         log.warning("%s", text)
