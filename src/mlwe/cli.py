@@ -471,6 +471,11 @@ from mlwe.backends.local.cli import daemon_command  # noqa: E402
 app.command("daemon")(daemon_command)
 bench_app.command("backend")(bench_backend_command)
 
+# the Ray backend: how Ray nodes map to mlwe nodes (mlwe ray commands / check)
+from mlwe.backends.ray.cli import app as _ray_app  # noqa: E402
+
+app.add_typer(_ray_app, name="ray")
+
 
 # the service commands (serve, submit, status, explain, cancel, nodes, watch, token, bench api)
 from mlwe.api.cli import register as _register_service  # noqa: E402

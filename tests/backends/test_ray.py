@@ -467,3 +467,32 @@ def test_a_start_takes_a_warm_runner_and_the_pool_is_refilled(driver: Driver) ->
     # used once: killed with its attempt, and a new one is started in its place
     assert rep["actor"] not in _named(driver.prefix, warm=True)
     driver.run_until(lambda: driver.backend.warm_runners("n1") == 1, what="the pool refilled")
+
+
+def test_cli_prints_ray_start_lines_and_checks_a_live_cluster(cluster: Any, tmp_path: Path) -> None:
+    import subprocess
+
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(
+        "nodes:\n"
+        "  - {name: n0, gpu_model: A100-80GB, gpus: 2}\n"
+        "  - {name: n1, gpu_model: T4, gpus: 4}\n"  # its Ray node has only 2
+        "  - {name: ghost, cpu: 1}\n"
+    )
+    mlwe = str(Path(sys.executable).parent / "mlwe")
+    out = subprocess.run([mlwe, "ray", "commands", str(spec), "--head", "10.1.2.3:6380"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert ("ray start --address=10.1.2.3:6380 --num-gpus=2"
+            """ --resources='{"mlwe_node:n0":1000.0,"gpu_model:A100-80GB":2.0}'""") in out.stdout
+    out = subprocess.run([mlwe, "ray", "check", str(spec), "--address", cluster.address, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr  # something is missing
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = {r["node"]: r for r in report["nodes"]}
+    assert report["ok"] is False
+    assert rows["n0"]["problems"] == [] and rows["n0"]["ray_node"] == _ray_node_of("n0")
+    assert rows["n1"]["problems"] == ["node n1: declares 4 GPUs but its Ray node has 2",
+                                      "node n1: declares GPU model T4 but its Ray node does not"
+                                      " advertise gpu_model:T4=4"]
+    assert rows["ghost"]["problems"] == ["no live Ray node advertises mlwe_node:ghost"]

@@ -53,6 +53,7 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -62,10 +63,11 @@ from pathlib import Path
 from typing import Any
 
 from mlwe.backends.ray.cluster import (
-    NODE_RESOURCE,
     LocalRayCluster,
-    gpu_model_resource,
+    check_reachable,
+    node_problems,
     node_resource,
+    ray_node_table,
 )
 from mlwe.backends.ray.runner import ReplicaRunner, kill_groups
 from mlwe.core.actions import Exited, Progress, Released, Started
@@ -254,13 +256,15 @@ class RayBackend:
         if not ray.is_initialized() and self.config.address == "local":
             self.local_cluster = LocalRayCluster(specs, namespace=self.config.namespace)
         elif not ray.is_initialized():
-            if self.config.address is None:
+            address = self.config.address or os.environ.get("RAY_ADDRESS")
+            if not address:
                 raise ValueError(
-                    "the Ray backend needs a Ray cluster: give its address"
-                    " (RayBackendConfig.address, e.g. 'auto' or 'HOST:6380')"
+                    "the Ray backend needs a Ray cluster: give its address (RayBackendConfig"
+                    ".address or RAY_ADDRESS, e.g. 'HOST:6380'), or 'local' to start one here"
                 )
+            check_reachable(address)
             ray.init(
-                address=self.config.address,
+                address=address,
                 namespace=self.config.namespace,
                 logging_level=logging.WARNING,
                 log_to_driver=False,
@@ -432,32 +436,18 @@ class RayBackend:
 
     # ================================================================ nodes
     def _check_nodes(self, *, initial: bool = False) -> None:
-        ray = _ray()
         alive: dict[str, tuple[str, dict[str, float]]] = {}
-        for n in ray.nodes():
-            if not n.get("Alive"):
-                continue
-            res: dict[str, float] = n.get("Resources", {})
-            for key in res:
-                if key.startswith(NODE_RESOURCE):
-                    alive[key[len(NODE_RESOURCE):]] = (n["NodeID"], res)
+        for name, entries in ray_node_table().items():
+            for node_id, is_alive, res in entries:
+                if is_alive:
+                    alive[name] = (node_id, res)
         if initial:
-            problems = []
-            for name, spec in self.node_specs.items():
-                got = alive.get(name)
-                if got is None:
-                    continue
-                res = got[1]
-                if spec.gpus and res.get("GPU", 0) < spec.gpus:
-                    problems.append(
-                        f"node {name}: declares {spec.gpus} GPUs but its Ray node has"
-                        f" {res.get('GPU', 0):g}"
-                    )
-                if spec.gpu_model and res.get(gpu_model_resource(spec.gpu_model), 0) < spec.gpus:
-                    problems.append(
-                        f"node {name}: declares GPU model {spec.gpu_model} but its Ray node"
-                        f" does not advertise {gpu_model_resource(spec.gpu_model)}={spec.gpus}"
-                    )
+            problems = [
+                p
+                for name, spec in self.node_specs.items()
+                if name in alive
+                for p in node_problems(spec, alive[name][1])
+            ]
             if problems:
                 raise ValueError("Ray cluster does not match the cluster spec: " + "; ".join(problems))
         for name in self.node_specs:

@@ -65,6 +65,37 @@ def ray_node_args(node: NodeSpec) -> dict[str, Any]:
     return {"num_gpus": node.gpus, "resources": resources}
 
 
+def node_problems(node: NodeSpec, resources: Mapping[str, float]) -> list[str]:
+    """What a Ray node advertising ``resources`` lacks to serve mlwe node ``node``."""
+    out = []
+    have_gpus = resources.get("GPU", 0.0)
+    if node.gpus and have_gpus < node.gpus:
+        out.append(f"node {node.name}: declares {node.gpus} GPUs but its Ray node has {have_gpus:g}")
+    if node.gpu_model and resources.get(gpu_model_resource(node.gpu_model), 0.0) < node.gpus:
+        out.append(
+            f"node {node.name}: declares GPU model {node.gpu_model} but its Ray node does not"
+            f" advertise {gpu_model_resource(node.gpu_model)}={node.gpus}"
+        )
+    return out
+
+
+def ray_node_table() -> dict[str, list[tuple[str, bool, dict[str, float]]]]:
+    """mlwe node name -> [(Ray node id, alive, resources)] for every Ray node advertising it
+    (the connected cluster's node table)."""
+    import ray
+
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    out: dict[str, list[tuple[str, bool, dict[str, float]]]] = {}
+    for n in nodes:
+        res: dict[str, float] = dict(n.get("Resources") or {})
+        for key in res:
+            if key.startswith(NODE_RESOURCE):
+                out.setdefault(key[len(NODE_RESOURCE):], []).append(
+                    (str(n["NodeID"]), bool(n.get("Alive")), res)
+                )
+    return out
+
+
 def ray_start_command(node: NodeSpec, head_address: str = "HEAD_IP:PORT") -> str:
     """The ``ray start`` line that makes a machine serve mlwe node ``node``."""
     args = ray_node_args(node)
@@ -78,6 +109,22 @@ def ray_start_command(node: NodeSpec, head_address: str = "HEAD_IP:PORT") -> str
 def _serves(have: NodeSpec, want: NodeSpec) -> bool:
     """Whether a Ray node started for ``have`` can stand for mlwe node ``want``."""
     return want.gpus <= have.gpus and (not want.gpus or want.gpu_model == have.gpu_model)
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, with the reason, when nothing answers at a Ray ``HOST:PORT`` address
+    (``ray.init`` itself retries an unreachable GCS for minutes). ``auto`` and
+    ``ray://`` addresses are left to Ray."""
+    if address == "auto" or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"Ray address {address!r} is not HOST:PORT (e.g. 10.0.0.1:6380)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at Ray address {address}: {exc}") from None
 
 
 def free_port() -> int:
