@@ -107,7 +107,11 @@ def test_inference_scaling(tmp_path: Path) -> None:
         audit = AuditLog(repo.engine)
         scale = [e.data() for e in audit.show(kind="proposal", limit=None)
                  if e.actor == "supervisor:inference-scaler"]
-        assert len(scale) == len(r["scale_events"]) and all(p["accepted"] for p in scale)
+        assert scale and all(p["accepted"] for p in scale)
+        kinds = [{a["action"] for a in p["actions"]} for p in scale]
+        assert kinds.count({"Submit"}) == len(ups)  # every scale-up submitted its replicas
+        # a scale-down cancels at once what it can (a replica waiting for a retry later)
+        assert 1 <= kinds.count({"Cancel"}) <= len(downs)
         assert audit.verify().ok
     finally:
         repo.close()

@@ -19,6 +19,7 @@ from mlwe.pipelines.runner import PipelineEvent, PipelineRunner
 from mlwe.pipelines.spec import Pipeline, PipelineError
 from mlwe.pipelines.store import PipelineStore
 from mlwe.runtime.engine import Engine
+from mlwe.runtime.simlive import LiveSimBackend
 from tests.pipelines.conftest import SimRig
 
 
@@ -268,3 +269,64 @@ def test_a_new_runner_resumes_unfinished_runs_from_the_store(sim: SimRig) -> Non
     proposals = [a.data()["rationale"] for a in sim.engine.audit.show(kind="proposal", limit=None)]
     # the service (after b, which ran after the takeover) was submitted by the resumed runner
     assert "nightly; start 2 replica(s) of service svc of long-1" in proposals
+
+
+def test_a_service_converges_to_its_target_through_retries_and_stops_for_good(
+    sim: SimRig,
+) -> None:
+    e = sim.engine
+    p = Pipeline("conv")
+    p.step("svc", ["s"], kind="service", replicas=3,
+           workload={"resources": {"cpu": "500m"}, "estimated_duration": "10h"})
+    run = sim.runner.start(p.build())
+    sim.until(lambda: sim.runner.status(run.id) == "serving")
+    with e.lock:
+        nodes = {a.node for w in sim.runner.live_replicas(run.id, "svc")
+                 for a in e.cp.workloads[w].placement}
+    backend = e.backend
+    assert isinstance(backend, LiveSimBackend)
+    for n in nodes:  # every replica's node fails: they wait for their retry, uncancellable
+        backend.fail_node(n, down_for=30.0)
+    sim.run_for(0.1, step=0.1)
+    with e.lock:
+        states = {e.cp.workloads[w].state for w in sim.runner.live_replicas(run.id, "svc")}
+    assert states == {State.FAILED}
+    down = sim.runner.scale_service(run.id, "svc", 1, actor="t", rationale="less")
+    assert down.accepted  # recorded; nothing could be cancelled yet
+    sim.until(lambda: len(sim.runner.live_replicas(run.id, "svc")) == 1, limit_s=120)
+    sim.run_for(5)
+    assert len(sim.runner.live_replicas(run.id, "svc")) == 1
+    converged = [a.data() for a in e.audit.show(kind="proposal", limit=None)
+                 if a.actor == f"pipeline:{run.id}"]
+    assert converged and all(pr["accepted"] for pr in converged)
+    assert "to its target of 1 replica(s)" in converged[0]["rationale"]
+
+    for n in nodes | {"gpu-0", "cpu-0"}:
+        backend.fail_node(n, down_for=5.0)
+    sim.run_for(0.1, step=0.1)
+    sim.runner.stop(run.id)  # its replica waits for a retry: it must not come back later
+    sim.run_for(60)
+    assert sim.runner.live_replicas(run.id, "svc") == []
+    assert sim.runner.status(run.id) == "succeeded"
+
+
+def test_a_stopped_run_cancels_a_step_that_was_waiting_for_its_retry(sim: SimRig) -> None:
+    e = sim.engine
+    p = Pipeline("stopme", defaults={"estimated_duration": "1h"})
+    p.step("long", ["x"])
+    p.step("after", ["y"], depends_on=["long"])
+    run = sim.runner.start(p.build())
+    sim.until(lambda: sim.runner.run(run.id).steps[0].status == "running")
+    with e.lock:
+        node = e.cp.workloads[f"{run.id}.long"].placement[0].node
+    backend = e.backend
+    assert isinstance(backend, LiveSimBackend)
+    backend.fail_node(node, down_for=5.0)
+    sim.run_for(0.1, step=0.1)
+    assert w_state(e, f"{run.id}.long") is State.FAILED  # waits for its retry
+    sim.runner.stop(run.id, reason="not needed")
+    sim.run_for(60)
+    assert w_state(e, f"{run.id}.long") is State.CANCELLED
+    rec = sim.runner.run(run.id)
+    assert rec.status == "cancelled"
+    assert [s.status for s in rec.steps] == ["cancelled", "cancelled"]

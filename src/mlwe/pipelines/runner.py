@@ -130,6 +130,8 @@ class _Run:
     rationale: str | None
     next_replica: dict[str, int] = field(default_factory=dict)
     targets: dict[str, int] = field(default_factory=dict)  # service -> replicas wanted
+    settled: bool = False  # finished, and no replica of its services can come back
+    stopping: str | None = None  # why it was stopped: its batch steps are cancelled as they can
 
     @property
     def id(self) -> str:
@@ -146,6 +148,11 @@ def _terminally_failed(w: Workload) -> bool:
 
 def _gone(w: Workload) -> bool:
     return w.state in (State.CANCELLED, State.SUCCEEDED) or _terminally_failed(w)
+
+
+def _counts(w: Workload) -> bool:
+    """Whether a replica counts toward its service's replicas: not gone, not being cancelled."""
+    return not _gone(w) and w.state is not State.STOPPING
 
 
 class PipelineRunner:
@@ -345,7 +352,7 @@ class PipelineRunner:
         with self.engine.lock:
             return [
                 wid for wid in ids
-                if (w := self.engine.cp.workloads.get(wid)) is not None and not _gone(w)
+                if (w := self.engine.cp.workloads.get(wid)) is not None and _counts(w)
             ]
 
     def replica_target(self, run_id: str, step: str) -> int:
@@ -359,12 +366,35 @@ class PipelineRunner:
         with self._lock:
             for run in list(self._runs.values()):
                 if run.record.status in FINISHED_RUNS:
+                    if not run.settled:
+                        run.settled = self._reap_stopped(run)
                     continue
                 events += self._advance_run(run)
         return events
 
+    def _reap_stopped(self, run: _Run) -> bool:
+        """A stopped service keeps no replica: one that was waiting for a retry when its
+        run stopped is cancelled once it can be. True once none is left."""
+        settled = True
+        for name, rec in run.steps.items():
+            if rec.kind != StepKind.SERVICE.value or not rec.workloads:
+                continue
+            with self.engine.lock:
+                snap = {w: x for w in rec.workloads
+                        if (x := self.engine.cp.workloads.get(w)) is not None and not _gone(x)}
+            if snap:
+                settled = False
+                self._converge(run, name, rec, 0, snap)
+        return settled
+
     def _advance_run(self, run: _Run) -> list[PipelineEvent]:
         events: list[PipelineEvent] = []
+        if run.stopping is not None:  # one waiting for a retry when stopped: cancel it now
+            for rec in run.steps.values():
+                if rec.kind == StepKind.BATCH.value and rec.status in (
+                    StepStatus.SUBMITTED.value, StepStatus.RUNNING.value
+                ):
+                    self._cancel(rec.workloads, "pipelines", run.stopping)
         ids = [w for st in run.steps.values() for w in st.workloads]
         with self.engine.lock:
             snap = {wid: w for wid in ids if (w := self.engine.cp.workloads.get(wid)) is not None}
@@ -625,13 +655,15 @@ class PipelineRunner:
             and (not needs_endpoint
                  or self._endpoint_url(run, step.name, wid, w.attempt) is not None)
         ]
-        live = [wid for wid in rec.workloads if (w := snap.get(wid)) is not None and not _gone(w)]
+        live = [wid for wid in rec.workloads if (w := snap.get(wid)) is not None and _counts(w)]
         rec.attempts = sum(snap[w].attempt for w in rec.workloads if w in snap)
         rec.metrics = {
             "replicas_ready": len(running),
             "replicas_live": len(live),
             "replicas_target": run.targets[step.name],
         }
+        if rec.status == StepStatus.SERVING.value:
+            self._converge(run, step.name, rec, run.targets[step.name], snap)
         now = self.engine.now()
         if rec.status != StepStatus.SERVING.value:
             if running and len(running) >= min(run.targets[step.name], len(live)):
@@ -711,11 +743,14 @@ class PipelineRunner:
                     run, spec, rec, replicas - len(live), values, actor=actor, rationale=rationale
                 )
             elif replicas < len(live):
-                victims = self._scale_down_order(live)[: len(live) - replicas]
-                result = self._send(
-                    run, [Cancel(w, f"scaled down by {actor}") for w in victims], rationale,
-                    actor=actor, force_proposal=True,
-                )
+                victims = self._surplus(live, replicas)
+                if victims:
+                    result = self._send(
+                        run, [Cancel(w, f"scaled down by {actor}") for w in victims], rationale,
+                        actor=actor, force_proposal=True,
+                    )
+                else:  # none can be cancelled now (waiting for a retry): the runner converges
+                    result = ApplyResult(True, self.engine.cp.version)
             else:
                 result = ApplyResult(True, self.engine.cp.version)
             if result.accepted:
@@ -726,15 +761,35 @@ class PipelineRunner:
                 self.store.save_run(run.record, [rec])
             return result
 
-    def _scale_down_order(self, live: list[str]) -> list[str]:
-        """Which replicas go first: those not running yet, then the newest."""
+    def _surplus(self, live: list[str], target: int) -> list[str]:
+        """Which of ``live`` to cancel to come down to ``target``: those not running yet
+        first, then the newest. A replica that failed and waits for its retry cannot be
+        cancelled (the control plane refuses it) and is left for a later pass."""
         with self.engine.lock:
-            states = {w: self.engine.cp.workloads[w].state for w in live}
+            states = {
+                w: x.state for w in live if (x := self.engine.cp.workloads.get(w)) is not None
+            }
+        can = [w for w in live if states.get(w) not in (None, State.FAILED)]
 
         def key(wid: str) -> tuple[int, int]:
             return (0 if states[wid] is not State.RUNNING else 1, -int(wid.rsplit(".", 1)[1]))
 
-        return sorted(live, key=key)
+        return sorted(can, key=key)[: max(0, len(live) - target)]
+
+    def _converge(self, run: _Run, step: str, rec: StepRecord, target: int,
+                  snap: Mapping[str, Workload]) -> None:
+        """Cancel replicas above the target that the last scaling could not cancel yet
+        (e.g. one that came back from a retry), by proposal on the run's behalf."""
+        live = [w for w in rec.workloads if (x := snap.get(w)) is not None and _counts(x)]
+        if len(live) <= target:
+            return
+        victims = self._surplus(live, target)
+        if victims:
+            self._send(
+                run, [Cancel(w, f"above the service's target of {target}") for w in victims],
+                f"converge service {step} of {run.id} to its target of {target} replica(s)",
+                actor=f"pipeline:{run.id}", force_proposal=True,
+            )
 
     def stop(self, run_id: str, *, actor: str = "user", reason: str = "stopped") -> None:
         """Cancel what the run still has queued or running (services included)."""
@@ -742,6 +797,7 @@ class PipelineRunner:
             run = self._runs.get(run_id)
             if run is None:
                 raise KeyError(f"run {run_id!r} is not followed by this runner")
+            run.stopping = reason
             self._stop_services(run, reason, actor=actor)
             for name, rec in run.steps.items():
                 st = StepStatus(rec.status)
@@ -767,7 +823,9 @@ class PipelineRunner:
         for wid in wids:
             with self.engine.lock:
                 w = self.engine.cp.workloads.get(wid)
-                skip = w is None or _gone(w) or w.state is State.STOPPING
+                # a failed replica waiting for its retry cannot be cancelled: once retried,
+                # the reaper of stopped services cancels it
+                skip = w is None or _gone(w) or w.state in (State.STOPPING, State.FAILED)
             if not skip:
                 self.engine.cancel(wid, actor=actor)
 
