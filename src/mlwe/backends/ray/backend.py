@@ -54,6 +54,7 @@ import enum
 import itertools
 import logging
 import os
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -291,6 +292,13 @@ class RayBackend:
         self.errors: list[str] = []  # start failures and oddities, newest last (for humans)
         self.stop_figures: list[dict[str, float]] = []  # per stop: seconds signal -> released
         self._closed = False
+        #: Called (from the watcher thread) when a result the backend waits for is ready:
+        #: the runtime engine registers its wake-up here and polls at once, instead of
+        #: at its next tick. Without listeners the backend has no thread at all.
+        self.event_listeners: list[Callable[[], None]] = []
+        self._watch_refs: list[Any] = []
+        self._watch_fresh = threading.Event()
+        self._watcher: threading.Thread | None = None
         self._pool: dict[str, list[_Warm]] = {}  # node -> warm runner actors
         self._pool_seq = itertools.count(1)
         runner_cls = ray.remote(ReplicaRunner)
@@ -327,6 +335,8 @@ class RayBackend:
             self._next_telemetry = time.monotonic() + self.config.telemetry_period_s
             self._sample()
         self._flush_node_downs()
+        if self.event_listeners:
+            self._watch()
         out, self._events = self._events, []
         return out
 
@@ -349,6 +359,10 @@ class RayBackend:
         if self._closed:
             return
         self._closed = True
+        if self._watcher is not None:  # it leaves its ray.wait within half a second
+            self._watch_fresh.set()
+            self._watcher.join(timeout=5.0)
+            self._watcher = None
         ray = _ray()
         if ray.is_initialized():
             try:
@@ -720,8 +734,8 @@ class RayBackend:
         att.since = time.monotonic()
 
     # ================================================================ advancing
-    def _advance(self) -> None:
-        ray = _ray()
+    def _pending_refs(self) -> list[Any]:
+        """Every ref whose completion moves an attempt (or the warm pool) forward."""
         refs: list[Any] = []
         for att in self._attempts.values():
             if att.phase is _Phase.DONE:
@@ -737,6 +751,11 @@ class RayBackend:
         for warm in self._pool_entries():
             if warm.ready_ref is not None:
                 refs.append(warm.ready_ref)
+        return refs
+
+    def _advance(self) -> None:
+        ray = _ray()
+        refs = self._pending_refs()
         ready: set[Any] = set()
         if refs:
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
@@ -1132,6 +1151,43 @@ class RayBackend:
                 att.progress_sent = float(p)
                 self._emit(Progress(att.workload, att.attempt, float(p)), att.correlation_id)
         return metrics
+
+    # ================================================================ watcher
+    def _watch(self) -> None:
+        """Give the watcher the refs still pending after this poll (those already ready
+        but not consumed are left out, or it would wake the engine over and over)."""
+        ray = _ray()
+        refs = self._pending_refs()
+        if refs:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+            ready = set(done)
+            refs = [r for r in refs if r not in ready]
+        self._watch_refs = refs  # one assignment: the watcher reads either list whole
+        self._watch_fresh.set()
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_loop, name="mlwe-ray-watch",
+                                             daemon=True)
+            self._watcher.start()
+
+    def _watch_loop(self) -> None:
+        ray = _ray()
+        while not self._closed:
+            if not self._watch_fresh.wait(0.5):
+                continue
+            self._watch_fresh.clear()
+            refs = self._watch_refs
+            if not refs:
+                continue
+            try:
+                done, _ = ray.wait(refs, num_returns=1, timeout=0.5, fetch_local=False)
+            except Exception as exc:  # Ray shutting down
+                log.debug("watcher: %s", exc)
+                return
+            if not done:
+                self._watch_fresh.set()  # nothing yet: look again (the list may be newer)
+                continue
+            for listener in list(self.event_listeners):
+                listener()  # the engine polls, which hands over fresh refs
 
     # ================================================================ warm pool
     def _pool_entries(self) -> list[_Warm]:
