@@ -27,7 +27,7 @@ from fastapi.staticfiles import StaticFiles
 
 from mlwe.api import errors
 from mlwe.api.auth import Principal, Role, TokenStore, declared_role, requires
-from mlwe.api.context import ApiContext, ApiSettings, get_ctx
+from mlwe.api.context import API_PREFIX, ApiContext, ApiSettings, get_ctx
 from mlwe.api.metrics import ApiMetrics, RequestMetrics
 from mlwe.api.models import Health
 from mlwe.api.relay import DecisionRelay
@@ -41,7 +41,6 @@ from mlwe.runtime.engine import Engine
 
 log = logging.getLogger("mlwe.api")
 
-API_PREFIX = "/api/v1"
 #: Routes anyone may call: liveness, readiness, the schema, and the dashboard's static files.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/static"})
 
@@ -85,10 +84,10 @@ def create_app(
     app.state.relay = relay
     errors.install(app)
 
-    app.include_router(workloads.router, prefix=API_PREFIX)
-    app.include_router(cluster.router, prefix=API_PREFIX)
-    app.include_router(ops.router, prefix=API_PREFIX)
-    app.include_router(streams.router, prefix=API_PREFIX)
+    app.include_router(workloads.router)
+    app.include_router(cluster.router)
+    app.include_router(ops.router)
+    app.include_router(streams.router)
 
     @app.get("/healthz", response_model=Health, tags=["system"], summary="Liveness (public)")
     def healthz() -> dict[str, Any]:

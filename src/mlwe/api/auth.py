@@ -67,7 +67,7 @@ class Principal:
     @property
     def actor(self) -> str:
         """How the caller appears in audit records."""
-        return f"token:{self.name}"
+        return f"api:{self.name}"
 
     def at_least(self, role: Role) -> bool:
         return self.role >= role

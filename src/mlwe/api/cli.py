@@ -140,7 +140,8 @@ def status_cmd(
         out.print(f"{w['id']} ({w['name']}): {w['state']}, priority {w['priority']}, "
                   f"queue {w['queue']}, attempt {w['attempt']}", markup=False)
         for t in w["history"]:
-            out.print(f"  {t['time']:.1f}  {t['source'] or '-':>10} -> {t['target']:<10} {t['reason']}", markup=False)
+            when = time.strftime("%H:%M:%S", time.localtime(t["time"]))
+            out.print(f"  {when}  {t['source'] or '-':>10} -> {t['target']:<10} {t['reason']}", markup=False)
         return
     items = _call(lambda: c.workloads(state=state, limit=limit))
     if as_json:

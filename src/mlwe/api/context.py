@@ -15,6 +15,10 @@ from mlwe.api.submitter import SubmitQueue
 from mlwe.runtime.engine import Engine
 
 
+#: Where the REST API lives (the dashboard and system routes are outside it).
+API_PREFIX = "/api/v1"
+
+
 @dataclass
 class ApiSettings:
     max_body_bytes: int = 1 << 20  # 1 MiB: a spec file of thousands of workloads still fits

@@ -95,51 +95,14 @@ def make_backend(
 
 
 def attach_agent(engine: Engine, mode: str = "autonomous") -> Any | None:
-    """Run the rules agent on ``engine``: telemetry in, one MAPE pass per engine tick.
-
-    Proposals go through ``Engine.propose`` (verified, audited); reasoning
-    traces are stored, chained in the audit log and streamed. The agent runs
-    on the engine thread under the engine lock, like every tick hook.
-    """
+    """Run the rules agent on ``engine`` (``mlwe.agent.loop.attach``): telemetry in, one
+    MAPE pass per engine tick, proposals through ``Engine.propose``; None if this build
+    has no agent."""
     try:
-        from mlwe.agent.loop import Agent
+        from mlwe.agent.loop import attach
     except ImportError:
         return None
-
-    def propose(actions: Any, version: int | None, cid: str, why: str) -> Any:
-        return engine.propose(
-            actions, actor="agent", expected_version=version, correlation_id=cid, rationale=why
-        )
-
-    def reasoning(rec: dict[str, Any]) -> None:
-        # under the engine lock (a tick hook): store and chain now, flushed by this tick
-        cid = rec.get("correlation_id")
-        wid = rec.get("workload") if isinstance(rec.get("workload"), str) else None
-        engine.repo.append_reasoning(rec, time=engine.now(), correlation_id=cid)
-        engine.writer.note_audit("reasoning", "agent", rec, workload=wid, correlation_id=cid)
-        engine.streams.publish("reasoning", rec, correlation_id=cid, workload=wid)
-
-    def audit(rec: dict[str, Any]) -> None:
-        if rec.get("step") in ("proposal",):
-            return  # Engine.propose audits proposals itself
-        engine.writer.note_audit(
-            "agent", "agent", rec, correlation_id=rec.get("correlation_id")
-        )
-
-    agent = Agent(
-        engine.cp,
-        mode=mode,
-        lock=engine.lock,
-        propose=propose,
-        reasoning_sink=reasoning,
-        audit_sink=audit,
-    )
-    engine.telemetry_listeners.append(lambda sample: agent.observe([sample]))
-    def tick(_eng: Engine) -> None:
-        agent.tick()
-
-    engine.tick_hooks.append(tick)
-    return agent
+    return attach(engine, mode=mode)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from mlwe.api import views
 from mlwe.api.auth import Principal, Role, requires
-from mlwe.api.context import ApiContext, get_ctx
+from mlwe.api.context import API_PREFIX, ApiContext, get_ctx
 from mlwe.api.errors import ApiError
 from mlwe.api.models import (
     ActionResult,
@@ -27,7 +27,7 @@ from mlwe.api.models import (
 from mlwe.core.spec import NodeStatus, QueueSpec
 from mlwe.store.sanitize import sanitize
 
-router = APIRouter(tags=["cluster"])
+router = APIRouter(prefix=API_PREFIX, tags=["cluster"])
 
 Ctx = Annotated[ApiContext, Depends(get_ctx)]
 NodeName = Annotated[str, Path(min_length=1, max_length=128)]
@@ -74,6 +74,12 @@ def _node_action(ctx: ApiContext, node: str, what: str, principal: Principal, re
         result = eng.drain(node, actor=principal.actor, reason=why)
     if not result.accepted:
         raise ApiError(409, f"cannot {what} {node}", [("", r) for r in result.reasons()])
+    if what == "uncordon":
+        # capacity came back without any lifecycle transition, which is what usually
+        # tells the reconciler a scheduling cycle is worth running: ask for one
+        with eng.lock:
+            eng.reconciler.dirty = True
+        eng.wake()
     return {"accepted": True, "version": result.version, "message": f"node {node}: {what}", "rejections": []}
 
 

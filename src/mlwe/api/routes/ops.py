@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from fastapi.concurrency import run_in_threadpool
 
 from mlwe.api.auth import Principal, Role, requires
-from mlwe.api.context import ApiContext, get_ctx
+from mlwe.api.context import API_PREFIX, ApiContext, get_ctx
 from mlwe.api.errors import ApiError
 from mlwe.api.models import (
     ActionResult,
@@ -33,7 +33,7 @@ from mlwe.api.scenarios import SCENARIOS, ScenarioError, audit_note, run_scenari
 from mlwe.api.sse import finite
 from mlwe.store.sanitize import sanitize, sanitize_text
 
-router = APIRouter()
+router = APIRouter(prefix=API_PREFIX)
 
 Ctx = Annotated[ApiContext, Depends(get_ctx)]
 _NOT_AGENT: dict[int | str, dict[str, Any]] = {

@@ -8,13 +8,13 @@ from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import StreamingResponse
 
 from mlwe.api.auth import Principal, Role, requires
-from mlwe.api.context import ApiContext, get_ctx
+from mlwe.api.context import API_PREFIX, ApiContext, get_ctx
 from mlwe.api.errors import ApiError
 from mlwe.api.models import StreamEventList
 from mlwe.api.sse import event_dict, event_stream, finite, parse_last_event_id
 from mlwe.runtime.streams import TOPICS, StreamEvent
 
-router = APIRouter(tags=["streams"])
+router = APIRouter(prefix=API_PREFIX, tags=["streams"])
 
 Ctx = Annotated[ApiContext, Depends(get_ctx)]
 _TOPICS_HELP = "comma-separated: " + ", ".join(TOPICS)

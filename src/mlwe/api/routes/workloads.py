@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 
 from mlwe.api import views
 from mlwe.api.auth import Principal, Role, requires
-from mlwe.api.context import ApiContext, get_ctx
+from mlwe.api.context import API_PREFIX, ApiContext, get_ctx
 from mlwe.api.errors import ApiError
 from mlwe.api.models import (
     ActionResult,
@@ -25,7 +25,7 @@ from mlwe.core.lifecycle import State
 from mlwe.core.spec import WorkloadSpec
 from mlwe.runtime.engine import new_correlation_id
 
-router = APIRouter(tags=["workloads"])
+router = APIRouter(prefix=API_PREFIX, tags=["workloads"])
 
 Ctx = Annotated[ApiContext, Depends(get_ctx)]
 WorkloadId = Annotated[str, Path(min_length=1, max_length=128, description="workload id")]
