@@ -496,3 +496,25 @@ def test_cli_prints_ray_start_lines_and_checks_a_live_cluster(cluster: Any, tmp_
                                       "node n1: declares GPU model T4 but its Ray node does not"
                                       " advertise gpu_model:T4=4"]
     assert rows["ghost"]["problems"] == ["no live Ray node advertises mlwe_node:ghost"]
+
+
+def test_an_actor_killed_outside_mlwe_fails_the_attempt_and_leaves_no_process(
+    driver: Driver,
+) -> None:
+    import ray
+
+    driver.submit(_spec("victim", [*SYNTH, "--work", "60", "--children", "1"]))
+    driver.run_until(lambda: driver.cp.get("victim").progress > 0, what="victim to report")
+    info = driver.backend.attempt_info("victim", 1)
+    assert info is not None
+    (rep,) = info["replicas"]
+    root = psutil.Process(rep["pid"])
+    tree = [root, *root.children(recursive=True)]
+    assert len(tree) == 2
+    ray.kill(ray.get_actor(rep["actor"]))  # someone kills the Ray actor, not the program
+    driver.run_until(lambda: driver.state("victim") is State.FAILED, what="victim to fail")
+    w = driver.cp.get("victim")
+    assert w.failure_cause == "error" and w.exit_code == -1 and w.failures == 1
+    assert any("actor died" in e for e in driver.backend.errors)
+    for p in tree:  # the program died with its actor, its child with the reaper
+        assert not _alive(p.pid)

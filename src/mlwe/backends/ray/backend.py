@@ -89,6 +89,8 @@ from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
+ACTOR_DEATH_SETTLE_S = 3.0  # an actor death not explained by its node within this is an error
+NODE_DEATH_SETTLE_S = 60.0  # ... or within this, when Ray says its node died (health checks)
 DRAIN_TIMEOUT_S = 5.0  # a last sample that takes longer is given up (the actor may be stuck)
 
 
@@ -176,6 +178,7 @@ class _Replica:
     stop_result: dict[str, Any] | None = None
     dead: bool = False  # Ray confirmed the actor is gone
     died: str | None = None  # the actor died on its own (error text)
+    died_at: float | None = None
 
 
 @dataclass
@@ -878,6 +881,15 @@ class RayBackend:
             rep = died[0]
             if rep.node in self._down or not self._node_alive(rep.node):
                 return  # the node watcher turns this into NodeDown and tears the attempt down
+            # an actor on a dying node can be reported dead before its node is: give the node
+            # watcher time to tell (longer when Ray's message itself blames the node)
+            text = (rep.died or "").lower()
+            if rep.died_at is None:
+                rep.died_at = time.monotonic()
+            blames_node = "node" in text and ("died" in text or "dead" in text)
+            settle = NODE_DEATH_SETTLE_S if blames_node else ACTOR_DEATH_SETTLE_S
+            if time.monotonic() - rep.died_at < settle:
+                return
             att.outcome, att.exit_code = _Outcome.EXITED, -1
             att.cause = "oom" if "memory" in (rep.died or "").lower() else "error"
             self._error(f"{att.workload}#{att.attempt} replica {rep.index}: actor died: {rep.died}")

@@ -512,12 +512,13 @@ class ReplicaRunner:
 
 
 def _ray_node_id() -> str | None:
+    ray: Any = sys.modules.get("ray")  # loaded in a Ray worker; never imported just for this
+    if ray is None or not ray.is_initialized():
+        return None  # the runner used on its own
     try:
-        import ray
-
         node_id: str = ray.get_runtime_context().get_node_id()
         return node_id
-    except Exception:  # not in a Ray worker (the runner used on its own)
+    except Exception:
         return None
 
 
