@@ -81,8 +81,12 @@ def test_a_pipeline_step_is_scheduled_like_any_workload_and_preempts(sim: SimRig
 def test_quota_holds_a_step_back_until_room_is_made(sim: SimRig) -> None:
     p = Pipeline("quota", defaults={"queue": "small", "estimated_duration": "10s"})
     p.step("big", ["x"], workload={"resources": {"cpu": "2"}})
+    waits: list[str] = []
+    sim.runner.listeners.append(
+        lambda ev: waits.append(ev.data["reason"]) if ev.kind == "step.waiting" else None)
     run = sim.runner.start(p.build())
     sim.run_for(20)
+    assert len(waits) == 1 and "quota" in waits[0]  # told once, in the scheduler's words
     rec = sim.runner.run(run.id)
     assert rec.status == "running" and rec.steps[0].status == "submitted"
     with sim.engine.lock:

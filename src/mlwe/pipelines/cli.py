@@ -226,6 +226,17 @@ def _open_engine(
     return engine, runner, PipelineLoop(engine, runner, period_s=0.1)
 
 
+def _narrate(ev: Any) -> None:
+    """Print what happens to a run as it happens (text mode)."""
+    if ev.kind == "step.waiting":
+        out.print(f"  {ev.step}: waiting: {ev.data['reason']}", markup=False, soft_wrap=True)
+    elif ev.kind in ("step.running", "step.succeeded", "step.failed", "step.serving",
+                     "step.skipped", "model.registered"):
+        extra = f": {ev.data['error']}" if ev.kind == "step.failed" else ""
+        out.print(f"  {ev.step}: {ev.kind.removeprefix('step.')}{extra}", markup=False,
+                  soft_wrap=True)
+
+
 def _follow(runner: Any, loop: Any, run_ids: list[str], serve_for: float, timeout: float,
             as_json: bool) -> int:
     """Drive ``run_ids`` to their end (services: ``serve_for`` seconds); the exit code."""
@@ -295,6 +306,7 @@ def pipeline_run(
         if not as_json:
             out.print(f"run {rec.id}: started ({len(spec.steps)} steps);"
                       f" data in {ddir / 'runs' / rec.id}")
+            runner.listeners.append(_narrate)
         code = _follow(runner, loop, [rec.id], serve_for, timeout, as_json)
     except KeyboardInterrupt:
         err.print("interrupted: stopping the run", markup=False)

@@ -90,7 +90,8 @@ FINISHED_RUNS = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANC
 
 @dataclass(frozen=True)
 class PipelineEvent:
-    """Something that happened to a run: ``run.started``, ``step.running``,
+    """Something that happened to a run: ``run.started``, ``step.waiting`` (with the
+    scheduler's reason), ``step.running``,
     ``step.succeeded``, ``step.failed``, ``step.serving``, ``model.registered``,
     ``service.scaled``, ``run.succeeded``, ``run.failed``, ``run.serving``, ..."""
 
@@ -132,6 +133,7 @@ class _Run:
     targets: dict[str, int] = field(default_factory=dict)  # service -> replicas wanted
     settled: bool = False  # finished, and no replica of its services can come back
     stopping: str | None = None  # why it was stopped: its batch steps are cancelled as they can
+    waiting: dict[str, str] = field(default_factory=dict)  # step -> why its workload waits
 
     @property
     def id(self) -> str:
@@ -554,6 +556,12 @@ class PipelineRunner:
         state, attempt = st
         rec.attempts = attempt
         now = self.engine.now()
+        if state in (State.PENDING, State.PREEMPTED):
+            reason = w.pending_reason  # the scheduler's words: quota, no node fits, ...
+            if reason and run.waiting.get(step.name) != reason:
+                run.waiting[step.name] = reason
+                return [self._emit(run, "step.waiting", step.name, {"reason": reason})]
+            return []
         if state is State.RUNNING and rec.status == StepStatus.SUBMITTED.value:
             rec.status = StepStatus.RUNNING.value
             rec.started = rec.started or now
