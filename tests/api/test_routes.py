@@ -13,7 +13,7 @@ from mlwe.api.auth import Role
 from mlwe.core.lifecycle import State
 from tests.api.conftest import Api, make_api, wait_for
 
-V, S, O, A = Role.VIEWER, Role.SUBMITTER, Role.OPERATOR, Role.ADMIN
+V, S, OP, A = Role.VIEWER, Role.SUBMITTER, Role.OPERATOR, Role.ADMIN
 
 
 def job(wid: str, gpu: int = 0, **kw: object) -> dict[str, object]:
@@ -117,7 +117,7 @@ def _fill_a100(api: Api) -> list[str]:
 
 def test_an_urgent_fine_tune_preempts_and_explain_says_why(api: Api) -> None:
     victims = _fill_a100(api)
-    r = api.client.post("/api/v1/scenarios/urgent-fine-tune", json={"target": "A100-80GB"}, headers=api.h(O))
+    r = api.client.post("/api/v1/scenarios/urgent-fine-tune", json={"target": "A100-80GB"}, headers=api.h(OP))
     assert r.status_code == 200, r.text
     urgent = r.json()["workloads"][0]
     assert wait_for(lambda: state_of(api, urgent) == "running", timeout=30)
@@ -157,20 +157,20 @@ def test_cancel_and_cancel_again(api: Api) -> None:
 # =================================================================== nodes
 def test_cordon_uncordon_and_drain(api: Api) -> None:
     c = api.client
-    assert c.post("/api/v1/nodes/t4-0/cordon", json={"reason": "maintenance"}, headers=api.h(O)).status_code == 200
+    assert c.post("/api/v1/nodes/t4-0/cordon", json={"reason": "maintenance"}, headers=api.h(OP)).status_code == 200
     assert c.get("/api/v1/nodes/t4-0", headers=api.h(V)).json()["status"] == "cordoned"
     submit(api, job("t4job", gpu=1, gpu_models=["T4"]))
     time.sleep(1.0)
     assert state_of(api, "t4job") == "pending"  # the only T4 node takes nothing new
-    assert c.post("/api/v1/nodes/t4-0/uncordon", headers=api.h(O)).status_code == 200
+    assert c.post("/api/v1/nodes/t4-0/uncordon", headers=api.h(OP)).status_code == 200
     assert wait_for(lambda: state_of(api, "t4job") == "running")
-    r = c.post("/api/v1/nodes/t4-0/drain", headers=api.h(O))
+    r = c.post("/api/v1/nodes/t4-0/drain", headers=api.h(OP))
     assert r.status_code == 200, r.text
     assert wait_for(lambda: api.engine.cp.workloads["t4job"].preemptions >= 1 or
                     state_of(api, "t4job") in ("preempting", "preempted"))
     assert c.get("/api/v1/nodes/t4-0", headers=api.h(V)).json()["status"] == "cordoned"
     version = api.engine.cp.version
-    r = c.post("/api/v1/nodes/no-such-node/cordon", headers=api.h(O))
+    r = c.post("/api/v1/nodes/no-such-node/cordon", headers=api.h(OP))
     assert r.status_code == 404 and api.engine.cp.version == version
     audit = c.get("/api/v1/audit", params={"kind": "operator"}, headers=api.h(V)).json()["items"]
     assert any(a["payload"].get("action") == "node-status" and a["actor"] == "api:operator-user" for a in audit)
@@ -216,7 +216,7 @@ def test_verify_names_the_first_tampered_record(api: Api) -> None:
 
 def test_dead_letters_and_replay_without_a_bus(api: Api) -> None:
     assert api.client.get("/api/v1/events/dead-letters", headers=api.h(V)).json() == {"items": []}
-    r = api.client.post("/api/v1/events/dead-letters/e1/replay", headers=api.h(O))
+    r = api.client.post("/api/v1/events/dead-letters/e1/replay", headers=api.h(OP))
     assert r.status_code == 409 and "--bus" in r.json()["detail"]
 
 
@@ -224,26 +224,26 @@ def test_dead_letters_and_replay_without_a_bus(api: Api) -> None:
 def test_scenarios_are_listed_and_unknown_ones_refused(api: Api) -> None:
     names = [s["name"] for s in api.client.get("/api/v1/scenarios", headers=api.h(V)).json()["items"]]
     assert names == ["urgent-fine-tune", "node-fails", "loss-diverges", "oom-loop"]
-    r = api.client.post("/api/v1/scenarios/meteor-strike", headers=api.h(O))
+    r = api.client.post("/api/v1/scenarios/meteor-strike", headers=api.h(OP))
     assert r.status_code == 404 and "urgent-fine-tune" in r.json()["detail"]
 
 
 def test_node_fails_requeues_its_work(api: Api) -> None:
     submit(api, job("on-t4", gpu=1, gpu_models=["T4"]))
     assert wait_for(lambda: state_of(api, "on-t4") == "running")
-    r = api.client.post("/api/v1/scenarios/node-fails", json={"target": "t4-0"}, headers=api.h(O))
+    r = api.client.post("/api/v1/scenarios/node-fails", json={"target": "t4-0"}, headers=api.h(OP))
     assert r.status_code == 200 and r.json()["workloads"] == ["on-t4"]
     assert wait_for(lambda: api.engine.cp.node_status("t4-0").value == "down")
     w = api.engine.cp.workloads["on-t4"]
     assert any(t.target is State.FAILED and "node" in t.reason for t in w.history) or w.failure_cause == "node-lost"
-    r = api.client.post("/api/v1/scenarios/node-fails", json={"target": "t4-0"}, headers=api.h(O))
+    r = api.client.post("/api/v1/scenarios/node-fails", json={"target": "t4-0"}, headers=api.h(OP))
     assert r.status_code == 409 and "already down" in r.json()["detail"]
 
 
 def test_loss_diverges_makes_the_reported_loss_grow(api: Api) -> None:
     submit(api, job("trainer", gpu=1, kind="training"))
     assert wait_for(lambda: state_of(api, "trainer") == "running")
-    r = api.client.post("/api/v1/scenarios/loss-diverges", json={"target": "trainer"}, headers=api.h(O))
+    r = api.client.post("/api/v1/scenarios/loss-diverges", json={"target": "trainer"}, headers=api.h(OP))
     assert r.status_code == 200
 
     def losses() -> list[float]:
@@ -258,7 +258,7 @@ def test_loss_diverges_makes_the_reported_loss_grow(api: Api) -> None:
 
 
 def test_oom_loop_kills_each_attempt_for_memory(api: Api) -> None:
-    r = api.client.post("/api/v1/scenarios/oom-loop", headers=api.h(O))
+    r = api.client.post("/api/v1/scenarios/oom-loop", headers=api.h(OP))
     assert r.status_code == 200
     wid = r.json()["workloads"][0]
     assert wait_for(lambda: api.engine.cp.workloads[wid].failures >= 2, timeout=40)
@@ -269,7 +269,7 @@ def test_oom_loop_kills_each_attempt_for_memory(api: Api) -> None:
 # =================================================================== agent
 def test_without_an_agent_the_routes_say_so(api: Api) -> None:
     assert api.client.get("/api/v1/agent", headers=api.h(V)).json()["present"] is False
-    r = api.client.put("/api/v1/agent/mode", json={"mode": "observe"}, headers=api.h(O))
+    r = api.client.put("/api/v1/agent/mode", json={"mode": "observe"}, headers=api.h(OP))
     assert r.status_code == 409
     assert api.client.get("/api/v1/agent/approvals", headers=api.h(V)).json() == {"items": []}
 
@@ -283,19 +283,19 @@ def test_the_agent_mode_and_approvals(tmp_path: Path) -> None:
         api.svc.app.state.ctx.agent = agent
         s = api.client.get("/api/v1/agent", headers=api.h(V)).json()
         assert s["present"] and s["mode"] == "autonomous" and s["reasoner"] == "rules"
-        r = api.client.put("/api/v1/agent/mode", json={"mode": "approve"}, headers=api.h(O))
+        r = api.client.put("/api/v1/agent/mode", json={"mode": "approve"}, headers=api.h(OP))
         assert r.status_code == 200 and r.json()["mode"] == "approve"
-        r = api.client.put("/api/v1/agent/mode", json={"mode": "yolo"}, headers=api.h(O))
+        r = api.client.put("/api/v1/agent/mode", json={"mode": "yolo"}, headers=api.h(OP))
         assert r.status_code == 422
         audit = api.client.get("/api/v1/audit", params={"kind": "config"}, headers=api.h(V)).json()["items"]
         assert any(a["payload"].get("action") == "agent-mode" and a["payload"]["to"] == "approve" for a in audit)
         # an OOM loop in approve mode: the agent's plan waits for an operator
-        wid = api.client.post("/api/v1/scenarios/oom-loop", headers=api.h(O)).json()["workloads"][0]
+        wid = api.client.post("/api/v1/scenarios/oom-loop", headers=api.h(OP)).json()["workloads"][0]
         assert wait_for(lambda: api.client.get("/api/v1/agent/approvals", headers=api.h(V)).json()["items"], timeout=60)
         plan = api.client.get("/api/v1/agent/approvals", headers=api.h(V)).json()["items"][0]
         assert wid in plan["summary"] or wid in str(plan["plan"])
-        assert api.client.post("/api/v1/agent/approvals/nope/approve", headers=api.h(O)).status_code == 404
-        r = api.client.post(f"/api/v1/agent/approvals/{plan['id']}/approve", headers=api.h(O))
+        assert api.client.post("/api/v1/agent/approvals/nope/approve", headers=api.h(OP)).status_code == 404
+        r = api.client.post(f"/api/v1/agent/approvals/{plan['id']}/approve", headers=api.h(OP))
         assert r.status_code == 200, r.text
         assert r.json()["message"].startswith(f"plan {plan['id']}:")
     finally:

@@ -4,9 +4,9 @@
 (see ``mlwe.api.serve``) builds the engine, the app and the server together.
 """
 
-from mlwe.api.app import API_PREFIX, PUBLIC_PATHS, create_app, route_roles
+from mlwe.api.app import PUBLIC_PATHS, create_app, route_roles
 from mlwe.api.auth import Principal, Role, TokenStore
-from mlwe.api.context import ApiSettings
+from mlwe.api.context import API_PREFIX, ApiSettings
 
 __all__ = [
     "API_PREFIX",

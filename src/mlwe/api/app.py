@@ -27,7 +27,7 @@ from fastapi.staticfiles import StaticFiles
 
 from mlwe.api import errors
 from mlwe.api.auth import Principal, Role, TokenStore, declared_role, requires
-from mlwe.api.context import API_PREFIX, ApiContext, ApiSettings, get_ctx
+from mlwe.api.context import ApiContext, ApiSettings, get_ctx
 from mlwe.api.metrics import ApiMetrics, RequestMetrics
 from mlwe.api.models import Health
 from mlwe.api.relay import DecisionRelay

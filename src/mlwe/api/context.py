@@ -14,7 +14,6 @@ from mlwe.api.sse import StreamStats
 from mlwe.api.submitter import SubmitQueue
 from mlwe.runtime.engine import Engine
 
-
 #: Where the REST API lives (the dashboard and system routes are outside it).
 API_PREFIX = "/api/v1"
 
