@@ -15,7 +15,7 @@ import pytest
 
 from mlwe.core.lifecycle import State
 from mlwe.core.spec import WorkloadSpec
-from mlwe.pipelines.runner import PipelineEvent, PipelineRunner
+from mlwe.pipelines.runner import PipelineEvent, PipelineRunner, stream_listener
 from mlwe.pipelines.spec import Pipeline, PipelineError
 from mlwe.pipelines.store import PipelineStore
 from mlwe.runtime.engine import Engine
@@ -38,11 +38,15 @@ def test_steps_start_only_after_their_dependencies_succeed(sim: SimRig) -> None:
     p.step("d", ["prog"], depends_on=["b", "c"])
     events: list[PipelineEvent] = []
     sim.runner.listeners.append(events.append)
+    sim.runner.listeners.append(stream_listener(sim.engine.streams.publish, sim.runner))
+    sub = sim.engine.streams.subscribe(["state"])
     run = sim.runner.start(p.build())
     e = sim.engine
     assert w_state(e, f"{run.id}.a") is not None
     assert [w_state(e, f"{run.id}.{s}") for s in "bcd"] == [None, None, None]
     sim.until(lambda: sim.runner.status(run.id) == "succeeded")
+    streamed = [ev.data for ev in sub.drain()[0] if ev.data.get("type") == "pipeline"]
+    assert [d["kind"] for d in streamed] == [ev.kind for ev in events]  # on the dashboard too
     order = [ev.step for ev in events if ev.kind == "step.succeeded"]
     assert order[0] == "a" and order[-1] == "d" and set(order[1:3]) == {"b", "c"}
     submitted = {ev.step: ev.time for ev in events if ev.kind == "step.submitted"}

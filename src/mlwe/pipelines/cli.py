@@ -197,7 +197,7 @@ def _open_engine(
 ) -> tuple[Any, Any, Any]:
     """The engine on the data directory, its pipeline runner and the loop that drives both."""
     from mlwe.pipelines.loop import PipelineLoop
-    from mlwe.pipelines.runner import PipelineRunner
+    from mlwe.pipelines.runner import PipelineRunner, stream_listener
     from mlwe.runtime.clock import WallClock
     from mlwe.runtime.engine import Engine, EngineConfig
 
@@ -223,6 +223,7 @@ def _open_engine(
     engine = Engine.open(cluster, be, data_dir=ddir, database_url=database_url, clock=clock,
                          config=EngineConfig(retry_base_s=1.0, tick_s=0.1))
     runner = PipelineRunner(engine, ddir, verify_outputs=backend == "local")
+    runner.listeners.append(stream_listener(engine.streams.publish, runner))
     return engine, runner, PipelineLoop(engine, runner, period_s=0.1)
 
 

@@ -44,7 +44,7 @@ from mlwe.core.spec import ClusterSpec, NodeSpec
 from mlwe.pipelines.drift import KSDriftDetector
 from mlwe.pipelines.loop import PipelineLoop
 from mlwe.pipelines.programs import digitsdata as D
-from mlwe.pipelines.runner import PipelineEvent, PipelineRunner
+from mlwe.pipelines.runner import PipelineEvent, PipelineRunner, stream_listener
 from mlwe.pipelines.spec import Pipeline, PipelineSpec
 from mlwe.pipelines.supervision import (
     Decision,
@@ -326,6 +326,7 @@ def run(
         config=EngineConfig(retry_base_s=0.5, grace_s=2.0, tick_s=0.05),
     )
     runner = PipelineRunner(engine, ddir)
+    runner.listeners.append(stream_listener(engine.streams.publish, runner))
     audit, reasoning = engine_sinks(engine)
     sup = Supervisor("model-quality", clock=clock.now, runner=runner, audit=audit,
                      reasoning=reasoning)

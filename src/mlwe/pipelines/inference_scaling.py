@@ -45,7 +45,7 @@ from mlwe.core.spec import ClusterSpec, NodeSpec, QueueSpec, ReplicaQuota
 from mlwe.pipelines.loadgen import LoadGenerator, LoadProfile, Router, percentile
 from mlwe.pipelines.loop import PipelineLoop
 from mlwe.pipelines.programs import digitsdata as D
-from mlwe.pipelines.runner import PipelineRunner
+from mlwe.pipelines.runner import PipelineRunner, stream_listener
 from mlwe.pipelines.spec import Pipeline, PipelineSpec
 from mlwe.pipelines.supervision import (
     Decision,
@@ -237,6 +237,7 @@ def run(
         scheduler=Scheduler(placement=Spread()),
     )
     runner = PipelineRunner(engine, ddir)
+    runner.listeners.append(stream_listener(engine.streams.publish, runner))
     audit, reasoning = engine_sinks(engine)
     sup = Supervisor("inference-scaler", clock=clock.now, runner=runner, audit=audit,
                      reasoning=reasoning)

@@ -877,5 +877,23 @@ class PipelineRunner:
             time.sleep(period_s)
 
 
+def stream_listener(
+    publish: Callable[..., Any], runner: PipelineRunner
+) -> Callable[[PipelineEvent], None]:
+    """A listener that puts pipeline events on an engine's ``state`` stream (the
+    dashboard's), e.g. ``runner.listeners.append(stream_listener(engine.streams.publish,
+    runner))``."""
+
+    def listen(ev: PipelineEvent) -> None:
+        corr = None
+        live = runner._runs.get(ev.run_id)
+        if live is not None:
+            corr = live.record.correlation_id
+        publish("state", {"type": "pipeline", **ev.to_dict()}, correlation_id=corr,
+                time=ev.time)
+
+    return listen
+
+
 def rejection_reasons(result: ApplyResult) -> list[str]:
     return [str(r) for r in result.rejections if isinstance(r, Rejection)]
