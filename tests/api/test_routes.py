@@ -339,3 +339,57 @@ def test_the_cluster_snapshot_maps_gpus_to_workloads(api: Api) -> None:
 @pytest.mark.parametrize("path", ["/docs", "/redoc"])
 def test_no_cdn_pages(api: Api, path: str) -> None:
     assert api.client.get(path).status_code == 404  # Swagger UI and ReDoc load scripts from a CDN
+
+
+def test_a_dead_letter_is_replayed_on_the_real_bus(tmp_path: Path) -> None:
+    import asyncio
+    import uuid
+
+    from sqlalchemy import insert, select
+
+    from mlwe.api.context import ApiSettings
+    from mlwe.bus.base import new_envelope
+    from mlwe.bus.nats import NatsBus
+    from mlwe.store.schema import dead_letters
+    from tests.bus import service_missing
+
+    url = "nats://127.0.0.1:4222"
+    prefix = f"mlweapi{uuid.uuid4().hex[:10]}"
+
+    async def probe() -> None:
+        bus = await NatsBus.connect(url, prefix=prefix, connect_timeout=3)
+        await bus.close()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:
+        service_missing(f"NATS JetStream at {url}", str(exc))
+    api = make_api(tmp_path, ApiSettings(bus_prefix=prefix))
+    try:
+        api.svc.app.state.ctx.bus = url
+        env = new_envelope(f"{prefix}.workloads.submit", {"spec": {"name": "x"}}, "dl-story")
+        with api.engine.repo.engine.begin() as conn:
+            conn.execute(insert(dead_letters).values(
+                event_id=env.id, time=1.0, subject=env.subject, payload=env.to_bytes().decode(),
+                error="handler failed: boom", attempts=5, replayed=False))
+        items = api.client.get("/api/v1/events/dead-letters", headers=api.h(V)).json()["items"]
+        assert [(d["event_id"], d["attempts"], d["replayed"]) for d in items] == [(env.id, 5, False)]
+        r = api.client.post(f"/api/v1/events/dead-letters/{env.id}/replay", headers=api.h(OP))
+        assert r.status_code == 200, r.text
+        with api.engine.repo.engine.connect() as conn:
+            assert conn.execute(select(dead_letters.c.replayed)).scalar() is True
+
+        async def stored() -> int:
+            bus = await NatsBus.connect(url, prefix=prefix)
+            try:
+                info = await bus._js.stream_info(bus.stream)
+                return int(info.state.messages)
+            finally:
+                await bus.delete_stream()
+                await bus.close()
+
+        r = api.client.post("/api/v1/events/dead-letters/nope/replay", headers=api.h(OP))
+        assert r.status_code == 404
+        assert asyncio.run(stored()) == 1  # (and the test's stream is deleted)
+    finally:
+        api.svc.close()

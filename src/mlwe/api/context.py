@@ -29,6 +29,7 @@ class ApiSettings:
     stream_buffer_max: int = 10_000
     heartbeat_s: float = 15.0
     token_cache_s: float = 5.0
+    bus_prefix: str = "mlwe"  # subject prefix of the engine's NATS stream (dead-letter replay)
 
 
 @dataclass
@@ -41,7 +42,7 @@ class ApiContext:
     stream_stats: StreamStats
     submitter: SubmitQueue
     agent: Any | None = None  # the agent loop, when one runs (see routes/agent.py)
-    bus: Any | None = None  # the event bus, for dead-letter replay
+    bus: Any | None = None  # the event bus (or its URL), for dead-letter replay
     extras: dict[str, Any] = field(default_factory=dict)
 
 

@@ -175,7 +175,7 @@ def build_service(
             t.role is Role.ADMIN and not t.revoked for t in tokens.list()
         ):
             admin_token, _ = tokens.create("admin", Role.ADMIN)
-        bus = _connect_bus(bus_url) if bus_url else None
+        bus = _check_bus(bus_url) if bus_url else None
         ag = attach_agent(engine, agent_mode) if agent else None
         app = create_app(engine, tokens=tokens, settings=settings, agent=ag, bus=bus)
         gen = (
@@ -193,17 +193,23 @@ def build_service(
     return Service(engine, app, tokens, gen, ag, bus, admin_token)
 
 
-def _connect_bus(url: str) -> Any:
+def _check_bus(url: str) -> str:
+    """Fail at start, not at the first replay, if the bus cannot be reached."""
     import asyncio
 
     if not url.startswith("nats://"):
         raise ServeError(f"unsupported bus {url!r}: use nats://HOST:PORT")
     from mlwe.bus.nats import NatsBus
 
+    async def probe() -> None:
+        bus = await NatsBus.connect(url)
+        await bus.close()
+
     try:
-        return asyncio.run(NatsBus.connect(url))
+        asyncio.run(probe())
     except Exception as exc:
         raise ServeError(f"cannot connect to the bus at {url}: {exc}") from None
+    return url
 
 
 def serve(

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -54,8 +56,23 @@ def event_dict(ev: StreamEvent) -> dict[str, Any]:
     }
 
 
+_WIRE: OrderedDict[tuple[int, int], str] = OrderedDict()
+_WIRE_MAX = 8192
+_WIRE_LOCK = threading.Lock()
+
+
 def format_event(ev: StreamEvent) -> str:
-    return f"id: {ev.id}\nevent: {ev.topic}\ndata: {to_json(event_dict(ev))}\n\n"
+    """The event's SSE text, encoded once however many clients receive it."""
+    key = (id(ev), ev.id)  # the hub keeps the event object alive while it is in the ring
+    with _WIRE_LOCK:
+        text = _WIRE.get(key)
+    if text is None:
+        text = f"id: {ev.id}\nevent: {ev.topic}\ndata: {to_json(event_dict(ev))}\n\n"
+        with _WIRE_LOCK:
+            _WIRE[key] = text
+            if len(_WIRE) > _WIRE_MAX:
+                _WIRE.popitem(last=False)
+    return text
 
 
 def format_notice(kind: str, data: dict[str, Any]) -> str:

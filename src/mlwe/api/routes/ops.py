@@ -277,6 +277,7 @@ def dead_letter_list(
     responses={
         404: {"model": ErrorBody, "description": "no such dead letter"},
         409: {"model": ErrorBody, "description": "no event bus configured"},
+        503: {"model": ErrorBody, "description": "the event bus cannot be reached"},
     },
     summary="Publish a dead letter again (same id: still exactly-once)",
 )
@@ -289,10 +290,21 @@ async def dead_letter_replay(
 
     if ctx.bus is None:
         raise ApiError(409, "no event bus is configured (start the server with --bus nats://...)")
+    bus, own = ctx.bus, False
+    if isinstance(bus, str):  # a URL: connect on this event loop, for this replay
+        from mlwe.bus.nats import NatsBus
+
+        try:
+            bus, own = await NatsBus.connect(ctx.bus, prefix=ctx.settings.bus_prefix), True
+        except Exception as exc:
+            raise ApiError(503, f"cannot reach the event bus: {exc}") from None
     try:
-        env = await replay_dead_letter(ctx.engine.repo.engine, ctx.bus, event_id)
+        env = await replay_dead_letter(ctx.engine.repo.engine, bus, event_id)
     except KeyError:
         raise ApiError(404, f"no dead letter with id {event_id!r}") from None
+    finally:
+        if own:
+            await bus.close()
     await run_in_threadpool(
         audit_note, ctx.engine, "operator", principal.actor,
         {"action": "replay-dead-letter", "event_id": event_id, "subject": env.subject},
