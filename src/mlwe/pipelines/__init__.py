@@ -8,8 +8,16 @@
 - :mod:`mlwe.pipelines.supervision`: application-layer agents (sensors with
   interval, cron and event triggers; rules; actuators that go through the
   verified proposal path);
+- :mod:`mlwe.pipelines.drift`: the KS drift detector;
+  :mod:`mlwe.pipelines.loadgen`: seeded request load and a client-side router;
+- :mod:`mlwe.pipelines.loop`: one thread driving engine, runner and supervisors;
+  :mod:`mlwe.pipelines.engine`: what they need of an engine (a protocol);
+- :mod:`mlwe.pipelines.localnodes`: a workload daemon per node on this machine,
+  with node failure injection; :mod:`mlwe.pipelines.mlflow_export`: optional export;
 - :mod:`mlwe.pipelines.drift_retrain` and
-  :mod:`mlwe.pipelines.inference_scaling`: the two case studies.
+  :mod:`mlwe.pipelines.inference_scaling`: the two case studies, whose step
+  programs are in :mod:`mlwe.pipelines.programs`;
+- :mod:`mlwe.pipelines.cli`: ``mlwe pipeline``, ``mlwe runs``, ``mlwe example``.
 """
 
 from mlwe.pipelines.spec import (
