@@ -290,3 +290,20 @@ def test_maintenance_stores_downsamples_and_snapshots(tmp_path: Path) -> None:
     snap = eng.repo.latest_snapshot()
     assert snap is not None and json.loads(snap.state)["workloads"]["running"] == 1
     eng.close()
+
+
+def test_credentials_in_a_spec_are_refused_not_silently_redacted(tmp_path: Path) -> None:
+    eng = open_engine(tmp_path)
+    leaky = job("leaky").model_copy(
+        update={"env": {"HF_TOKEN": "hf_" + "a" * 34, "EPOCHS": "3"},
+                "command": ("python", "train.py", "--api-key=sk-" + "x" * 40)}
+    )
+    r = eng.submit([leaky, job("fine")])
+    assert not r.accepted
+    text = " ".join(r.reasons())
+    assert "env HF_TOKEN looks like a credential" in text and "command argument 2" in text
+    assert "EPOCHS" not in text and "hf_" not in text  # the error does not echo the secret
+    assert "fine" not in eng.cp.workloads and eng.repo.count_workloads() == 0
+    ok = job("ok").model_copy(update={"env": {"EPOCHS": "3"}})
+    assert eng.submit([ok]).accepted
+    eng.close()

@@ -57,7 +57,7 @@ from mlwe.core.backend import Backend, Command, StartCommand, StopCommand, Telem
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
 from mlwe.core.cluster import build_control_plane
-from mlwe.core.controlplane import ApplyResult, ControlPlane
+from mlwe.core.controlplane import ApplyResult, ControlPlane, Rejection
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import HOLDING, State, Transition
 from mlwe.core.model import Workload
@@ -71,6 +71,7 @@ from mlwe.store import schema as S
 from mlwe.store.audit import AuditEntry, AuditLog
 from mlwe.store.recovery import StoreWriter, recover
 from mlwe.store.repository import Repository, TelemetrySample
+from mlwe.store.sanitize import sanitize
 
 log = logging.getLogger("mlwe.engine")
 
@@ -124,6 +125,36 @@ class RequestRejected(ValueError):
     def __init__(self, reasons: Sequence[str]) -> None:
         self.reasons = list(reasons)
         super().__init__("; ".join(self.reasons) or "rejected")
+
+
+def credential_rejections(actions: Sequence[Action]) -> list[Rejection]:
+    """Submissions whose command or environment carries a credential are refused.
+
+    Nothing credential-like is ever stored (the store sanitises it), so such a
+    workload could not be resumed after a restart as it was submitted. The
+    node provides secrets instead: a daemon passes its own environment to the
+    workloads it runs.
+    """
+    out: list[Rejection] = []
+    for i, a in enumerate(actions):
+        if not isinstance(a, Submit):
+            continue
+        spec = a.spec
+        reasons = [
+            f"env {name} looks like a credential: credentials are never stored; set it in"
+            " the environment of the node's daemon instead"
+            for name, value in spec.env.items()
+            if sanitize({name: value}) != {name: value}
+        ]
+        reasons += [
+            f"command argument {k} looks like a credential: credentials are never stored;"
+            " read it from the node's environment instead"
+            for k, arg in enumerate(spec.command)
+            if sanitize(arg) != arg
+        ]
+        if reasons:
+            out.append(Rejection(i, "submit", spec.id or spec.name, tuple(reasons)))
+    return out
 
 
 def new_correlation_id() -> str:
@@ -369,8 +400,12 @@ class Engine:
     ) -> ApplyResult:
         """Submit workloads; returns once they are durable (or the rejection, nothing stored)."""
         cid = correlation_id or new_correlation_id()
+        actions = [Submit(s) for s in specs]
+        refused = credential_rejections(actions)
+        if refused:
+            return ApplyResult(False, self.cp.version, tuple(refused))
         with self.lock:
-            result = self.cp.apply([Submit(s) for s in specs], cause_id=cid)
+            result = self.cp.apply(actions, cause_id=cid)
             if result.accepted:
                 self.writer.note_audit(
                     "request",
@@ -501,7 +536,12 @@ class Engine:
         cid = correlation_id or new_correlation_id()
         with self.lock:
             try:
-                result = self.cp.apply(actions, expected_version=expected_version, cause_id=cid)
+                refused = credential_rejections(actions)
+                result = (
+                    ApplyResult(False, self.cp.version, tuple(refused))
+                    if refused
+                    else self.cp.apply(actions, expected_version=expected_version, cause_id=cid)
+                )
             except Exception as exc:  # a malformed proposal object: reject, never crash
                 result = ApplyResult(False, self.cp.version, ())
                 reasons = [f"malformed proposal: {type(exc).__name__}: {exc}"]
@@ -556,6 +596,9 @@ class Engine:
                 return True
             if self.repo.is_processed(event_id):
                 return False
+            refused = credential_rejections(actions)
+            if refused:
+                raise RequestRejected([str(r) for r in refused])
             result = self.cp.apply(actions, cause_id=correlation_id or event_id, event_id=event_id)
             if result.duplicate:
                 return False
@@ -572,6 +615,24 @@ class Engine:
             self._ingested_unflushed.pop(event_id, None)
         self._wake.set()
         return True
+
+    def note_audit(
+        self,
+        kind: str,
+        actor: str,
+        payload: dict[str, Any],
+        *,
+        workload: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Record an action taken outside the control plane (e.g. a model promotion).
+
+        Written with the next flush, which this call waits for."""
+        with self.lock:
+            self.writer.note_audit(
+                kind, actor, payload, workload=workload, correlation_id=correlation_id
+            )
+        self._commit()
 
     def record_reasoning(
         self, record: dict[str, Any], *, correlation_id: str | None = None, actor: str = "agent"
