@@ -89,6 +89,7 @@ class Driver:
         config.setdefault("telemetry_period_s", 0.2)
         config.setdefault("checkpoint_root", str(tmp / "ckpt"))
         config.setdefault("close_grace_s", 0.0)
+        config.setdefault("actor_death_settle_s", 0.5)
         self.backend = RayBackend(cluster, RayBackendConfig(prefix=self.prefix, **config),
                                   clock=self.clock)
         self.events: list[Event] = []
@@ -207,7 +208,7 @@ def test_gang_starts_whole_or_not_at_all(driver: Driver) -> None:
                         resources={"gpu": 2, "cpu": 1}))
     driver.run_until(lambda: driver.state("gang") is State.STARTING, what="gang to be started")
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 2.0:
+    while time.monotonic() - t0 < 1.0:
         driver.step()
         time.sleep(0.05)
     # neither replica runs, not even the one whose node (n0) is free
@@ -241,9 +242,9 @@ class _Holder:
 def test_preemptor_starts_only_after_the_victims_processes_are_gone(driver: Driver) -> None:
     # one replica: the replicas of a gang share MLWE_CHECKPOINT_DIR, and the synthetic
     # program's checkpoint files would overwrite each other's
-    driver.submit(_spec("low", [*SYNTH, "--work", "4", "--checkpoint-delay", "0.3",
+    driver.submit(_spec("low", [*SYNTH, "--work", "2.5", "--checkpoint-delay", "0.3",
                                 "--children", "1"],
-                        priority="low", resources={"gpu": 2, "cpu": 1}, estimated_duration=4,
+                        priority="low", resources={"gpu": 2, "cpu": 1}, estimated_duration=2.5,
                         gpu_models=["A100-80GB"]))
     driver.run_until(lambda: driver.state("low") is State.RUNNING, what="low to run")
     driver.run_until(lambda: (driver.cp.get("low").progress or 0) > 0.1, what="low to progress")
@@ -436,7 +437,7 @@ def test_a_restarted_engine_adopts_what_runs_and_can_stop_it(
 
 
 def test_telemetry_measures_the_process_tree_and_labels_declared_gpus(driver: Driver) -> None:
-    driver.submit(_spec("busy", [*SYNTH, "--work", "2.5", "--memory", "64Mi",
+    driver.submit(_spec("busy", [*SYNTH, "--work", "1.5", "--memory", "64Mi",
                                  "--phases", "0.9:1"], resources={"gpu": 1, "cpu": 1},
                         gpu_models=["T4"]))
     driver.run_until(lambda: driver.state("busy") is State.SUCCEEDED, what="busy to finish")

@@ -89,8 +89,7 @@ from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
-ACTOR_DEATH_SETTLE_S = 3.0  # an actor death not explained by its node within this is an error
-NODE_DEATH_SETTLE_S = 60.0  # ... or within this, when Ray says its node died (health checks)
+NODE_DEATH_SETTLE_S = 60.0  # how long an actor death blamed on its node waits for the node
 DRAIN_TIMEOUT_S = 5.0  # a last sample that takes longer is given up (the actor may be stuck)
 
 
@@ -115,6 +114,9 @@ class RayBackendConfig:
     stop_margin_s: float = 15.0  # beyond grace_s before an unanswering actor is ray.kill-ed
     confirm_timeout_s: float = 60.0  # after the kill: Ray must confirm the actors gone by then
     node_settle_s: float = 15.0  # NodeDown waits at most this long for its attempts' teardown
+    #: an actor death its node's death does not explain within this is the workload's error
+    #: (an actor on a dying node can be reported dead a moment before the node is)
+    actor_death_settle_s: float = 3.0
     telemetry_period_s: float = 1.0
     node_check_period_s: float = 0.25
     progress_step: float = 0.01  # progress is reported when it moved this much (or checkpointed)
@@ -131,7 +133,8 @@ class RayBackendConfig:
         for name in ("start_timeout_s", "confirm_timeout_s", "telemetry_period_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("stop_margin_s", "node_settle_s", "node_check_period_s", "close_grace_s"):
+        for name in ("stop_margin_s", "node_settle_s", "node_check_period_s", "close_grace_s",
+                     "actor_death_settle_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)!r}")
         if not 0 < self.progress_step <= 1:
@@ -887,7 +890,7 @@ class RayBackend:
             if rep.died_at is None:
                 rep.died_at = time.monotonic()
             blames_node = "node" in text and ("died" in text or "dead" in text)
-            settle = NODE_DEATH_SETTLE_S if blames_node else ACTOR_DEATH_SETTLE_S
+            settle = NODE_DEATH_SETTLE_S if blames_node else self.config.actor_death_settle_s
             if time.monotonic() - rep.died_at < settle:
                 return
             att.outcome, att.exit_code = _Outcome.EXITED, -1

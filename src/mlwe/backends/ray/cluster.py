@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Iterable, Mapping
@@ -161,6 +162,8 @@ class LocalRayCluster:
                 "the Ray backend needs ray[default]: pip install 'ray[default]'"
             ) from exc
         self._ray = ray
+        # no usage reports to the internet from a cluster started for tests and demos
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self.cpus_per_node = cpus_per_node
         self.object_store_bytes = object_store_mib * 2**20
         self.namespace = namespace
