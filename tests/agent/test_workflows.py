@@ -266,7 +266,7 @@ def test_reschedule_walks_every_step_and_names_its_cause() -> None:
     assert env.state("victim") is State.PREEMPTED
     # the victim checkpointed every 60 s of work: it keeps what it saved
     assert env.cp.workloads["victim"].progress == pytest.approx(300 / 3600)
-    assert wf.state["victim_saved_progress"] == round(300 / 3600, 6)
+    assert wf.state["victims"]["victim"]["saved_progress"] == round(300 / 3600, 6)
     # the preemption and the placement were the workflow's, under its correlation id
     assert caused_by(env.cp, "victim", State.PREEMPTING) == ["plan-42"]
     assert caused_by(env.cp, "urgent", State.ADMITTED) == ["plan-42"]
@@ -352,6 +352,65 @@ def test_victim_that_never_releases_times_out_and_the_compensation_says_so() -> 
     failed = next(e for e in wf.log if e["event"] == "step-failed")
     began = next(e for e in wf.log if e["event"] == "step-done" and e["step"] == "checkpoint")
     assert 120 < failed["t"] - began["t"] <= 121
+
+
+def two_victims_env(tmp: Path | None = None) -> Env:
+    """One 8-GPU node shared by two 4-GPU checkpointing runs; an urgent 8-GPU job waits."""
+    env = Env([gpu_node("n1")], {"v1": 3600.0, "v2": 3600.0, "urgent": 600.0}, tmp=tmp)
+    env.submit(spec("v1", gpu=4, priority=10, checkpoint_interval=60, estimated_duration=3600),
+               spec("v2", gpu=4, priority=20, checkpoint_interval=60, estimated_duration=3600))
+    env.drive(until=300)
+    assert env.state("v1") is env.state("v2") is State.RUNNING
+    env.submit(spec("urgent", priority=900, estimated_duration=600))
+    env.drive(until=310)
+    return env
+
+
+def test_reschedule_with_several_victims() -> None:
+    env = two_victims_env()
+    wf = env.wf.start("reschedule", {"victims": ["v1", "v2"], "preemptor": "urgent"},
+                      correlation_id="plan-2v")
+    env.drive(until=2000, stop=lambda: not wf.active)
+    assert wf.status == WorkflowStatus.DONE, wf.log
+    assert env.state("urgent") is State.RUNNING
+    assert {env.state("v1"), env.state("v2")} == {State.PREEMPTED}
+    # one batch asked both; each kept what it had checkpointed
+    asked = [e for e in wf.log if e["event"] == "proposed" and e["actions"][0]["kind"] == "preempt"]
+    assert [[a["victim"] for a in e["actions"]] for e in asked] == [["v1", "v2"]]
+    assert caused_by(env.cp, "v1", State.PREEMPTING) == caused_by(env.cp, "v2", State.PREEMPTING) == [
+        "plan-2v"]
+    assert set(wf.state["victims"]) == {"v1", "v2"}
+    assert all(r["saved_progress"] > 0 for r in wf.state["victims"].values())
+    assert "v1 saved" in wf.data["summary"] and "v2 saved" in wf.data["summary"]
+
+
+def test_a_preemption_already_under_way_is_adopted() -> None:
+    """The agent commits its plan's preemptions itself (verified, at its version), then
+    starts the workflow: the first step finds them under way and asks nobody again."""
+    from mlwe.core.actions import Preempt, SetPriority
+
+    env = two_victims_env()
+    placed = {v: env.cp.workloads[v].placement for v in ("v1", "v2")}
+    res = env.cp.apply([SetPriority("urgent", 950, "agent"), Preempt("v1", "urgent"),
+                        Preempt("v2", "urgent")], env.cp.version, cause_id="agent-7")
+    assert res.accepted
+    wf = env.wf.start("reschedule", {"victims": ["v1", "v2"], "preemptor": "urgent"},
+                      correlation_id="agent-7")
+    env.backend.refuse.add("urgent")  # and then the preemptor cannot start
+    env.drive(until=2000, stop=lambda: not wf.active)
+    assert not [e for e in wf.log if e["event"] == "proposed" and
+                e["actions"][0]["kind"] == "preempt"]
+    first = next(e for e in wf.log if e["event"] == "step-done")
+    assert first["step"] == "checkpoint"
+    assert first["note"] == "v1, v2 already preempted for urgent"
+    # the compensation resumes BOTH adopted victims on their old devices
+    assert wf.status == WorkflowStatus.COMPENSATED, wf.log
+    env.drive(until=2100)
+    for v in ("v1", "v2"):
+        w = env.cp.workloads[v]
+        assert w.state is State.RUNNING and w.placement == placed[v] and w.attempt == 2
+        assert caused_by(env.cp, v, State.ADMITTED)[-1] == "agent-7"
+    assert env.cp.validate_state() == []
 
 
 # ============================================================ crash / resume
@@ -558,6 +617,13 @@ def test_bad_requests_are_refused_and_store_nothing(tmp_path: Path) -> None:
         ("reschedule", {"victim": "victim", "preemptor": "victim"}, "cannot preempt itself"),
         ("reschedule", {"victim": "victim", "preemptor": "urgent", "colour": "red"},
          "colour: Extra inputs are not permitted"),
+        ("reschedule", {"preemptor": "urgent"}, "give exactly one of victim or victims"),
+        ("reschedule", {"victim": "victim", "victims": ["victim"], "preemptor": "urgent"},
+         "give exactly one of victim or victims"),
+        ("reschedule", {"victims": ["victim", "victim"], "preemptor": "urgent"},
+         "a workload is named twice"),
+        ("reschedule", {"victims": ["victim", "ghost"], "preemptor": "urgent"},
+         "victim: unknown workload 'ghost'"),
         ("recover", {"workload": "victim", "backoff_factor": 0.5},
          "backoff_factor: Input should be greater than or equal to 1"),
         ("recover", {"workload": "victim", "bad_nodes": ["n9"]}, "unknown node(s) n9"),
@@ -584,6 +650,14 @@ def test_starting_twice_is_idempotent_and_a_conflict_is_refused(tmp_path: Path) 
     with pytest.raises(WorkflowError, match="already exists"):
         env.wf.start("recover", {"workload": "urgent"}, workflow_id=first.id)
     assert [w.id for w in env.wf.workflows()] == [first.id]
+    # what a caller about to act checks first (the agent, before it commits a plan)
+    assert env.wf.conflicts("reschedule", {"victim": "victim", "preemptor": "urgent"}) == []
+    assert env.wf.conflicts("reschedule", {"victim": "victim", "preemptor": "other"}) == [
+        f"reschedule: workflow {first.id} is already running for victim"]
+    assert env.wf.conflicts("recover", {"workload": "victim"}) == []  # another kind
+    assert "give exactly one of victim or victims" in env.wf.conflicts(
+        "reschedule", {"preemptor": "urgent"})[0]
+    assert "unknown workflow kind" in env.wf.conflicts("migrate", {})[0]
 
 
 def test_cancel_runs_the_compensations(tmp_path: Path) -> None:
@@ -656,7 +730,8 @@ def test_definitions_describe_themselves() -> None:
     desc = RESCHEDULE.describe()
     assert [s["name"] for s in desc["steps"]] == RESCHEDULE_STEPS
     assert desc["steps"][0]["compensation"].startswith("resume the victim")
-    assert desc["required"] == ["victim", "preemptor"]
+    assert desc["required"] == ["preemptor"]  # and one of victim / victims
+    assert {"victim", "victims"} <= set(desc["params"])
     assert [s["name"] for s in RECOVER.describe()["steps"]] == [
         "triage", "retry", "watch", "move", "give_up"]
     assert RECOVER.describe()["steps"][3]["on_timeout"] == "give_up"

@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sqlalchemy import Connection, insert, select, update
 
 from mlwe.core.actions import Action, Evict, Place, Preempt, PreemptReason, Retry
@@ -466,6 +466,15 @@ class StepContext:
         fork = self.cp.capacity.fork()
         return sched.placement.place(fork, shape, w.spec.replicas, frozenset(exclude))
 
+    def had_effect(self) -> None:
+        """The current step failed but changed something: its compensation must run.
+
+        (A step that fails normally did nothing, so only completed steps are undone.)"""
+        name = self.wf.data.get("step_name")
+        completed: list[str] = self.wf.data["completed"]
+        if self.wf.phase == "forward" and isinstance(name, str) and name not in completed:
+            completed.append(name)
+
     def alert(self, severity: str, subject: str, message: str) -> Alert:
         return self.engine._alert(self.wf, severity, subject, message)
 
@@ -524,6 +533,7 @@ class WorkflowEngine:
         #: dead letters of workflows that gave up (kept here too when there is no store)
         self.dead_letters: deque[DeadLetterRecord] = deque(maxlen=1000)
         self.load_errors: list[str] = []
+        self._detach: Callable[[], None] | None = None  # set by attach_workflows
         self._params: dict[str, Any] = {}
         self._wake: dict[str, float | None] = {}
         self._dirty: dict[str, None] = {}
@@ -597,15 +607,11 @@ class WorkflowEngine:
             raise WorkflowError(f"{kind}: " + "; ".join(problems))
         subjects = d.subjects(p)
         dumped = p.model_dump(mode="json")
-        for other in self.active.values():
-            if other.kind != kind or not set(subjects) & set(other.data.get("subjects", ())):
-                continue
-            if other.params == dumped:
-                return other  # the same request again: idempotent
-            raise WorkflowError(
-                f"{kind}: workflow {other.id} is already {other.status} for"
-                f" {', '.join(sorted(set(subjects) & set(other.data['subjects'])))}"
-            )
+        same = self._same_or_conflict(kind, subjects, dumped)
+        if isinstance(same, Workflow):
+            return same  # the same request again: idempotent
+        if same:
+            raise WorkflowError(same)
         wid = workflow_id or f"{kind}-{uuid.uuid4().hex[:12]}"
         if wid in self.active or self._stored(wid) is not None:
             raise WorkflowError(f"workflow id {wid!r} already exists")
@@ -642,6 +648,37 @@ class WorkflowEngine:
             self._audit_out = [x for x in self._audit_out if x[0].id != wid]
             raise
         return wf
+
+    def _same_or_conflict(
+        self, kind: str, subjects: Sequence[str], dumped: Mapping[str, Any]
+    ) -> Workflow | str | None:
+        """The active workflow this request repeats, or why it conflicts, or None."""
+        for other in self.active.values():
+            shared = set(subjects) & set(other.data.get("subjects", ()))
+            if other.kind != kind or not shared:
+                continue
+            if other.params == dumped:
+                return other
+            return (f"{kind}: workflow {other.id} is already {other.status} for"
+                    f" {', '.join(sorted(shared))}")
+        return None
+
+    def conflicts(self, kind: str, params: Mapping[str, Any]) -> list[str]:
+        """Why :meth:`start` would refuse this request right now, ignoring the state check.
+
+        For a caller about to act before it starts the workflow (the agent
+        commits a plan's first actions, then hands the rest to a workflow): a
+        bad parameter, or another active workflow of the kind that owns one of
+        its subjects. Repeating a running request is no conflict."""
+        try:
+            d = self.definition(kind)
+            p = d.params.model_validate(dict(params))
+        except WorkflowError as exc:
+            return [str(exc)]
+        except ValidationError as exc:
+            return [f"{kind}: {_pydantic_problems(exc)}"]
+        got = self._same_or_conflict(kind, d.subjects(p), p.model_dump(mode="json"))
+        return [got] if isinstance(got, str) else []
 
     def cancel(self, workflow_id: str, reason: str = "cancelled by operator") -> Workflow:
         """Stop a running workflow; the compensations of its completed steps run."""
@@ -1064,17 +1101,35 @@ Id = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class RescheduleParams(BaseModel):
+    """One preemptor and the victim(s) whose resources it takes.
+
+    ``victim`` names one victim; ``victims`` several (an agent's preemption plan
+    often needs more than one to free a node); give exactly one of the two."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    victim: Id
+    victim: Id | None = None
+    victims: tuple[Id, ...] = Field(default=(), max_length=64)
     preemptor: Id
     reason: PreemptReason = PreemptReason.PRIORITY
-    #: the victim's checkpoint and release (grace period and the backend's confirmation)
+    #: the victims' checkpoint and release (grace period and the backend's confirmation)
     checkpoint_timeout_s: Seconds = 600.0
     place_timeout_s: Seconds = 300.0
     start_timeout_s: Seconds = 300.0
     running_timeout_s: Seconds = 600.0
     compensation_timeout_s: Seconds = 900.0
+
+    @model_validator(mode="after")
+    def _one_victim_list(self) -> RescheduleParams:
+        if (self.victim is None) == (not self.victims):
+            raise ValueError("give exactly one of victim or victims")
+        if len(set(self.victims)) != len(self.victims):
+            raise ValueError("victims: a workload is named twice")
+        return self
+
+    @property
+    def all_victims(self) -> tuple[str, ...]:
+        return self.victims or ((self.victim,) if self.victim is not None else ())
 
 
 class RecoverParams(BaseModel):
@@ -1100,99 +1155,166 @@ def _nodes(w: Workload) -> list[str]:
     return list(dict.fromkeys(a.node for a in w.placement))
 
 
+def _preempted_for(v: Workload, preemptor: str) -> bool:
+    return v.state in (State.PREEMPTING, State.PREEMPTED) and v.preempted_by == preemptor
+
+
 def _check_reschedule(cp: ControlPlane, p: RescheduleParams) -> list[str]:
     out = []
-    for role, wid in (("victim", p.victim), ("preemptor", p.preemptor)):
+    for role, wid in (*(("victim", v) for v in p.all_victims), ("preemptor", p.preemptor)):
         if wid not in cp.workloads:
             out.append(f"{role}: unknown workload {wid!r}")
     if out:
         return out
-    if p.victim == p.preemptor:
+    if p.preemptor in p.all_victims:
         return ["a workload cannot preempt itself"]
-    v, w = cp.workloads[p.victim], cp.workloads[p.preemptor]
-    if v.state not in (State.ADMITTED, State.STARTING, State.RUNNING):
-        out.append(f"victim {v.id} is {v.state.value}; only admitted or running work is preempted")
+    w = cp.workloads[p.preemptor]
+    for vid in p.all_victims:
+        v = cp.workloads[vid]
+        # a preemption already under way for this preemptor (the agent's committed plan)
+        # is adopted: the workflow carries out the rest
+        if v.state not in (State.ADMITTED, State.STARTING, State.RUNNING) and not _preempted_for(
+            v, w.id
+        ):
+            out.append(
+                f"victim {v.id} is {v.state.value}; only admitted or running work is preempted"
+            )
     if w.state not in QUEUED:
         out.append(f"preemptor {w.id} is {w.state.value}; it must be waiting for placement")
     return out
 
 
+def _victim_record(v: Workload) -> dict[str, Any]:
+    """What compensation needs to know of a victim, taken before it releases."""
+    return {
+        "attempt": v.attempt,
+        "nodes": _nodes(v),
+        "placement": placement_to_json(v.placement),
+        "progress_before": round(v.progress, 6),
+    }
+
+
+def _victims(ctx: StepContext) -> tuple[list[Workload], str | None]:
+    p: RescheduleParams = ctx.params
+    out = []
+    for vid in p.all_victims:
+        v = ctx.workload(vid)
+        if v is None:
+            return [], f"unknown workload {vid!r}"
+        out.append(v)
+    return out, None
+
+
 def _r_checkpoint(ctx: StepContext) -> Outcome:
     p: RescheduleParams = ctx.params
     st = ctx.state
-    v, w = ctx.workload(p.victim), ctx.workload(p.preemptor)
-    if v is None or w is None:
-        return Fail(f"unknown workload {p.victim if v is None else p.preemptor!r}")
+    vs, err = _victims(ctx)
+    w = ctx.workload(p.preemptor)
+    if err is not None or w is None:
+        return Fail(err or f"unknown workload {p.preemptor!r}")
     st.setdefault("preemptor_attempt", w.attempt)
+    info: dict[str, Any] = st.setdefault("victims", {})
     if st.get("preempted"):
-        return Next("the victim was asked already")
-    if (
-        v.state in (State.PREEMPTING, State.PREEMPTED)
-        and v.preempted_by == w.id
-        and v.attempt == st.get("victim_attempt", v.attempt)
-    ):
-        # asked before a restart, but the record had not said so yet
-        st.setdefault("victim_attempt", v.attempt)
+        return Next("the victims were asked already")
+    adopted, to_ask = [], []
+    for v in vs:
+        rec = info.get(v.id)
+        if _preempted_for(v, w.id) and (rec is None or v.attempt == rec["attempt"]):
+            # asked already: by the plan that started this workflow, before a restart
+            # (the record had not said so yet), or by the scheduler
+            if rec is None:
+                info[v.id] = _victim_record(v)
+            adopted.append(v.id)
+        else:
+            to_ask.append(v)
+    if not to_ask:
         st["preempted"] = True
-        return Next(f"{v.id} is already {v.state.value}, preempted for {w.id} (before a restart, or by the scheduler)")
+        return Next(f"{', '.join(adopted)} already preempted for {w.id}")
     if w.state in HOLDING or w.state is State.SUCCEEDED:
         return Finish(True, f"{w.id} is {w.state.value} already; no preemption needed")
     if w.state not in QUEUED:
         return Fail(f"preemptor {w.id} is {w.state.value}, not waiting for placement")
-    if v.state not in (State.ADMITTED, State.STARTING, State.RUNNING):
-        return Fail(f"victim {v.id} is {v.state.value}; there is nothing to preempt")
-    st["victim_attempt"] = v.attempt
-    st["victim_nodes"] = _nodes(v)
-    st["victim_placement"] = placement_to_json(v.placement)
-    st["victim_progress_before"] = round(v.progress, 6)
+    for v in to_ask:
+        if v.state not in (State.ADMITTED, State.STARTING, State.RUNNING):
+            if adopted:
+                ctx.had_effect()  # the adopted victims are resumed by the compensation
+            return Fail(f"victim {v.id} is {v.state.value}; there is nothing to preempt")
+    for v in to_ask:
+        info[v.id] = _victim_record(v)
+    names = ", ".join(v.id for v in to_ask)
     res = ctx.propose(
-        [Preempt(v.id, w.id, p.reason)],
-        f"reschedule: {v.id} checkpoints and yields its resources to {w.id}",
+        [Preempt(v.id, w.id, p.reason) for v in to_ask],
+        f"reschedule: {names} checkpoint{'s' if len(to_ask) == 1 else ''} and yield"
+        f" {'its' if len(to_ask) == 1 else 'their'} resources to {w.id}",
     )
     if not res.accepted:
+        for v in to_ask:
+            info.pop(v.id, None)
+        if adopted:
+            ctx.had_effect()
         return Fail("the control plane refused the preemption: " + "; ".join(res.reasons()))
     st["preempted"] = True
-    return Next(f"asked {v.id} to checkpoint and stop (on {', '.join(st['victim_nodes'])})")
+    where = sorted({n for v in to_ask for n in info[v.id]["nodes"]})
+    return Next(f"asked {names} to checkpoint and stop (on {', '.join(where)})")
 
 
 def _r_wait_checkpoint(ctx: StepContext) -> Outcome:
     p: RescheduleParams = ctx.params
     st = ctx.state
-    v = ctx.workload(p.victim)
-    if v is None:
-        return Fail(f"unknown workload {p.victim!r}")
-    if v.state is State.PREEMPTING:
-        return Wait(f"{v.id} is checkpointing within its grace period")
-    if v.holding and v.attempt == st.get("victim_attempt") and v.preempted_by != p.preemptor:
+    vs, err = _victims(ctx)
+    if err is not None:
+        return Fail(err)
+    info: dict[str, Any] = st.get("victims", {})
+    lost = [
+        v.id for v in vs
+        if v.holding and v.state is not State.PREEMPTING and v.id in info
+        and v.attempt == info[v.id]["attempt"] and v.preempted_by != p.preemptor
+    ]
+    if lost:
         # the preemption is not in the state (it was not durable when the engine stopped)
         st.pop("preempted", None)
-        return Goto("checkpoint", f"{v.id} is {v.state.value}: the preemption was lost; asking again")
-    return Next(f"{v.id} is {v.state.value}")
+        for vid in lost:
+            info.pop(vid, None)
+        return Goto("checkpoint", f"{', '.join(lost)}: the preemption was lost; asking again")
+    waiting = [v.id for v in vs if v.state is State.PREEMPTING]
+    if waiting:
+        return Wait(f"{', '.join(waiting)} checkpointing within the grace period")
+    return Next("; ".join(f"{v.id} is {v.state.value}" for v in vs))
+
+
+_RELEASED_HOW = {
+    State.PREEMPTED: "the backend confirmed the release",
+    State.SUCCEEDED: "it finished within its grace period",
+    State.FAILED: "it failed within its grace period",
+    State.CANCELLED: "it was cancelled",
+}
 
 
 def _r_confirm_release(ctx: StepContext) -> Outcome:
-    p: RescheduleParams = ctx.params
     st = ctx.state
-    v = ctx.workload(p.victim)
-    if v is None:
-        return Fail(f"unknown workload {p.victim!r}")
-    if v.state is State.PREEMPTING:
-        return Goto("wait_checkpoint", f"{v.id} is still releasing")
-    if v.holding and v.attempt == st.get("victim_attempt"):
-        return Goto("wait_checkpoint", f"{v.id} still holds its resources")
-    still = [n for n in st.get("victim_nodes", []) if v.id in ctx.cp.on_node.get(n, {})
-             and v.attempt == st.get("victim_attempt")]
-    if still:
-        return Wait(f"{v.id} still listed on {', '.join(still)}")
+    vs, err = _victims(ctx)
+    if err is not None:
+        return Fail(err)
+    info: dict[str, Any] = st.get("victims", {})
+    listed = []
+    for v in vs:
+        rec = info.get(v.id, {})
+        same = v.attempt == rec.get("attempt")
+        if v.state is State.PREEMPTING:
+            return Goto("wait_checkpoint", f"{v.id} is still releasing")
+        if v.holding and same:
+            return Goto("wait_checkpoint", f"{v.id} still holds its resources")
+        listed += [f"{v.id} on {n}" for n in rec.get("nodes", [])
+                   if same and v.id in ctx.cp.on_node.get(n, {})]
+    if listed:
+        return Wait(f"still listed: {', '.join(listed)}")
     st["released"] = True
-    st["victim_saved_progress"] = round(v.progress, 6)
-    how = {
-        State.PREEMPTED: "the backend confirmed the release",
-        State.SUCCEEDED: "it finished within its grace period",
-        State.FAILED: "it failed within its grace period",
-        State.CANCELLED: "it was cancelled",
-    }.get(v.state, f"it is {v.state.value}")
-    return Next(f"{how}; {v.id} saved {v.progress:.0%} of its work")
+    notes = []
+    for v in vs:
+        info.setdefault(v.id, {})["saved_progress"] = round(v.progress, 6)
+        how = _RELEASED_HOW.get(v.state, f"it is {v.state.value}")
+        notes.append(f"{v.id}: {how}; it saved {v.progress:.0%} of its work")
+    return Next("; ".join(notes))
 
 
 def _r_place(ctx: StepContext) -> Outcome:
@@ -1240,31 +1362,54 @@ def _r_confirm_running(ctx: StepContext) -> Outcome:
     if w is None:
         return Fail(f"unknown workload {p.preemptor!r}")
     if w.state in (State.RUNNING, State.SUCCEEDED):
-        saved = st.get("victim_saved_progress")
-        tail = f"; {p.victim} saved {float(saved):.0%} and waits in the queue" if saved else ""
+        info: dict[str, Any] = st.get("victims", {})
+        saved = [f"{vid} saved {float(r['saved_progress']):.0%}" for vid, r in info.items()
+                 if r.get("saved_progress")]
+        tail = f"; {', '.join(saved)} and wait{'s' if len(saved) == 1 else ''} in the queue" \
+            if saved else ""
         return Finish(True, f"{w.id} is {w.state.value}{tail}")
     if w.state is State.STARTING:
         return Wait(f"{w.id} is starting")
     return Fail(f"{w.id} did not come up: {_describe_end(w)}")
 
 
-def _r_resume_victim(ctx: StepContext) -> Outcome:
-    p: RescheduleParams = ctx.params
+def _r_resume_victims(ctx: StepContext) -> Outcome:
     st = ctx.state
-    v = ctx.workload(p.victim)
-    if v is None:
-        return Fail(f"unknown workload {p.victim!r}")
+    vs, err = _victims(ctx)
+    if err is not None:
+        return Fail(err)
+    info: dict[str, Any] = st.get("victims", {})
+    notes: list[str] = []
+    waiting: list[str] = []
+    for v in vs:
+        rec = info.get(v.id)
+        if rec is None or rec.get("resumed"):
+            continue  # never asked to stop (or resumed on an earlier tick)
+        note = _resume_one(ctx, v, rec)
+        if note is None:
+            waiting.append(rec.pop("waiting", f"{v.id} is not resumed yet"))
+        else:
+            rec["resumed"] = True
+            notes.append(note)
+    if waiting:
+        return Wait("; ".join(waiting))
+    return Next("; ".join(notes) or "nothing to resume")
+
+
+def _resume_one(ctx: StepContext, v: Workload, rec: dict[str, Any]) -> str | None:
+    """Resume one victim; returns what was done, or None (with ``rec['waiting']``) to wait."""
     if v.state in TERMINAL or v.state is State.FAILED:
-        return Next(f"nothing to resume: {v.id} is {v.state.value}")
+        return f"nothing to resume: {v.id} is {v.state.value}"
     if v.state is State.PREEMPTING:
-        return Wait(f"{v.id} is still releasing; it is resumed once released")
+        rec["waiting"] = f"{v.id} is still releasing; it is resumed once released"
+        return None
     if v.holding:
-        again = v.attempt > int(st.get("victim_attempt", v.attempt))
-        return Next(f"{v.id} is {v.state.value}" + (" again" if again else " (it was never stopped)"))
+        again = v.attempt > int(rec.get("attempt", v.attempt))
+        return f"{v.id} is {v.state.value}" + (" again" if again else " (it was never stopped)")
     if v.state is not State.PREEMPTED:
-        return Next(f"{v.id} is {v.state.value}; the scheduler places it")
+        return f"{v.id} is {v.state.value}; the scheduler places it"
     tried: list[str] = []
-    old = placement_from_json(st["victim_placement"]) if st.get("victim_placement") else ()
+    old = placement_from_json(rec["placement"]) if rec.get("placement") else ()
     for label, allocs in (("its old nodes", old), ("the best fit", None)):
         if allocs is None:
             allocs = ctx.placement_for(v)
@@ -1275,9 +1420,10 @@ def _r_resume_victim(ctx: StepContext) -> Outcome:
             f"compensation: resume {v.id} from its checkpoint ({ctx.wf.data.get('error')})",
         )
         if res.accepted:
-            return Next(f"resumed {v.id} on {label} ({', '.join(_nodes(v))})")
+            return f"resumed {v.id} on {label} ({', '.join(_nodes(v))})"
         tried.append("; ".join(res.reasons()))
-    return Wait(f"no room to resume {v.id} yet" + (f" ({tried[-1]})" if tried else ""))
+    rec["waiting"] = f"no room to resume {v.id} yet" + (f" ({tried[-1]})" if tried else "")
+    return None
 
 
 def _describe_end(w: Workload) -> str:
@@ -1290,23 +1436,24 @@ def _describe_end(w: Workload) -> str:
 
 RESCHEDULE = WorkflowDefinition(
     kind="reschedule",
-    doc="Move resources from a running victim to a waiting, more urgent workload, gracefully.",
+    doc="Move resources from running victims to a waiting, more urgent workload, gracefully.",
     params=RescheduleParams,
     steps=(
-        Step("checkpoint", _r_checkpoint, "ask the victim to checkpoint and stop (Preempt)",
-             compensate=_r_resume_victim,
-             compensate_doc="resume the victim from its checkpoint (its old nodes first)"),
-        Step("wait_checkpoint", _r_wait_checkpoint, "wait while the victim checkpoints",
+        Step("checkpoint", _r_checkpoint, "ask the victims to checkpoint and stop (Preempt)",
+             compensate=_r_resume_victims,
+             compensate_doc="resume the victims from their checkpoints (their old nodes first)"),
+        Step("wait_checkpoint", _r_wait_checkpoint, "wait while the victims checkpoint",
              timeout="checkpoint_timeout_s"),
         Step("confirm_release", _r_confirm_release,
-             "confirm the backend released the victim's resources", timeout="checkpoint_timeout_s"),
+             "confirm the backend released the victims' resources",
+             timeout="checkpoint_timeout_s"),
         Step("place", _r_place, "place the preemptor on the freed resources",
              timeout="place_timeout_s"),
         Step("start", _r_start, "see the runtime start the preemptor", timeout="start_timeout_s"),
         Step("confirm_running", _r_confirm_running, "confirm the preemptor runs",
              timeout="running_timeout_s"),
     ),
-    subjects=lambda p: (p.preemptor, p.victim),
+    subjects=lambda p: (p.preemptor, *p.all_victims),
     check=_check_reschedule,
     compensation_timeout="compensation_timeout_s",
 )
@@ -1551,6 +1698,84 @@ RECOVER = WorkflowDefinition(
 #: The workflows the engine runs by default.
 DEFINITIONS: tuple[WorkflowDefinition, ...] = (RESCHEDULE, RECOVER)
 
+# ================================================================== runtime
+def attach_workflows(engine: Any, *, actor: str = "workflow") -> WorkflowEngine:
+    """The workflow engine of a runtime engine (``mlwe.runtime.Engine``, duck-typed).
+
+    Loaded from the engine's store, so a workflow in flight when an engine
+    stopped resumes at its step after ``Engine.open`` on the same data; ticked
+    in ``engine.tick_hooks`` (under the engine lock, after the scheduling
+    cycle). Steps propose through an :class:`AuditingProposer` (verified by the
+    control plane; the audit record is written by the engine's flush with the
+    effect). Each tick the hook first stores the workflows' previous tick (the
+    engine has flushed the state they observed by then, so a stored workflow is
+    never ahead of the cluster state), publishes their step events and alerts
+    on the engine's ``state`` stream (``type`` "workflow" and "workflow-alert"),
+    then advances them.
+
+    The engine keeps it as ``engine.workflows``; a second call returns the same
+    one. Call ``start``/``cancel`` under ``engine.lock``. :func:`detach_workflows`
+    undoes the wiring.
+    """
+    existing = getattr(engine, "workflows", None)
+    if isinstance(existing, WorkflowEngine):
+        return existing
+    with engine.lock:
+        wfe = WorkflowEngine.load(
+            engine.cp,
+            engine.repo,
+            scheduler=engine.scheduler,
+            audit=engine.audit,
+            proposer=AuditingProposer(engine.cp, engine.writer.note_audit, actor),
+            actor=actor,
+            autoflush=False,  # the hook stores each tick once the engine flushed its state
+        )
+        out: list[tuple[dict[str, Any], str, str | None, float]] = []
+
+        def on_step(wf: Workflow, entry: dict[str, Any]) -> None:
+            subjects = wf.data.get("subjects") or [None]
+            out.append(({"type": "workflow", "workflow": wf.id, "kind": wf.kind,
+                         "status": wf.status, **entry}, wf.correlation_id, subjects[0],
+                        float(entry["t"])))
+
+        def on_alert(a: Alert) -> None:
+            out.append(({"type": "workflow-alert", **a.to_dict()}, a.correlation_id, None, a.time))
+
+        def hook(_engine: Any) -> None:
+            wfe.flush()
+            events = list(out)
+            out.clear()
+            for data, cid, workload, t in events:
+                engine.streams.publish("state", data, correlation_id=cid, workload=workload, time=t)
+            wfe.tick()
+
+        wfe.listeners.append(on_step)
+        wfe.alert_listeners.append(on_alert)
+        for wf in wfe.active.values():  # "resumed" entries were logged before the listener
+            if wf.log:
+                on_step(wf, wf.log[-1])
+        engine.tick_hooks.append(hook)
+        engine.workflows = wfe
+        wfe._detach = lambda: engine.tick_hooks.remove(hook)
+    return wfe
+
+
+def detach_workflows(engine: Any) -> None:
+    """Undo :func:`attach_workflows` (stores what the workflows did last first)."""
+    wfe = getattr(engine, "workflows", None)
+    if not isinstance(wfe, WorkflowEngine):
+        return
+    with engine.lock:
+        if wfe._detach is not None:
+            wfe._detach()
+            wfe._detach = None
+        try:
+            wfe.flush()
+        except Exception:  # the store is down: the workflows resume from their last row
+            log.warning("workflows not stored on detach", exc_info=True)
+        del engine.workflows
+
+
 __all__ = [
     "DEFINITIONS",
     "RECOVER",
@@ -1575,4 +1800,6 @@ __all__ = [
     "WorkflowEngine",
     "WorkflowError",
     "WorkflowStatus",
+    "attach_workflows",
+    "detach_workflows",
 ]
