@@ -451,6 +451,12 @@ def test_telemetry_measures_the_process_tree_and_labels_declared_gpus(driver: Dr
     assert nodes and all(t.metrics["ray_alive"] == 1.0 for t in nodes)
     assert max(t.metrics["workloads"] for t in nodes) == 1.0
     assert max(t.metrics.get("ray_actors_alive", 0) for t in nodes) >= 1.0  # state API
+    # the machine as measured by the actor on that node (psutil), while something ran there
+    busy = [t for t in nodes if t.metrics["workloads"] == 1.0 and "host_mem_total_mib" in t.metrics]
+    assert busy and busy[-1].metrics["host_mem_total_mib"] == pytest.approx(
+        psutil.virtual_memory().total / 2**20)
+    # this machine has no GPU driver: nothing measured, the allocation is labelled declared
+    assert "gpu_util" not in mine[-1].metrics
     progress = [f.progress for f in driver.facts("busy") if f.__class__.__name__ == "Progress"]
     assert progress and progress == sorted(progress)
 

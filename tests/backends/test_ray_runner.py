@@ -187,3 +187,28 @@ def test_runner_environment_and_stop_before_start(tmp_path: Path) -> None:
     assert r2.stop(5.0)["exit_code"] == -1
     res2 = r2.start([*SYNTH, "--work", "60"], {}, None, None)
     assert not res2["ok"] and "stopped before it started" in res2["error"]
+
+
+class FakeNvml:
+    """A test double for NVML (no GPU on this machine): two devices, fixed readings."""
+
+    devices = ("gpu0", "gpu1")
+
+    def sample(self, index: int) -> dict[str, float]:
+        return {"gpu_util": [0.5, 0.9][index], "gpu_power_w": [100.0, 300.0][index]}
+
+    def process_vram(self, index: int) -> dict[int, float]:
+        return {1234: 1000.0 * (index + 1), 999: 5.0}  # pid 999 is not the replica's
+
+
+def test_gpu_figures_are_measured_only_where_nvml_reads_them(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    from mlwe.backends.ray import runner
+
+    monkeypatch.setattr(runner, "_nvml_tried", True)
+    monkeypatch.setattr(runner, "_nvml", None)
+    assert runner.gpu_sample([0], [1234]) == {}  # no driver: nothing invented
+    monkeypatch.setattr(runner, "_nvml", FakeNvml())
+    assert runner.gpu_sample([0, 1], [1234]) == {
+        "gpu_util": pytest.approx(0.7), "gpu_power_w": 400.0, "vram_used_mib": 3000.0}
+    assert runner.gpu_sample([2], [1234]) == {}  # a device the machine does not have

@@ -306,6 +306,7 @@ class RayBackend:
         self._watch_fresh = threading.Event()
         self._watcher: threading.Thread | None = None
         self._pool: dict[str, list[_Warm]] = {}  # node -> warm runner actors
+        self._host: dict[str, dict[str, float]] = {}  # node -> last host sample from an actor
         self._pool_seq = itertools.count(1)
         runner_cls = ray.remote(ReplicaRunner)
         self._runner = runner_cls
@@ -1108,6 +1109,9 @@ class RayBackend:
             metrics = {k: round(v, 2) for k, v in agg.items()}
             metrics["cpu_util"] = round(agg["cpu_pct"] / 100 / max(spec.cpu / 1000, 1e-9), 4)
             metrics["ray_alive"] = 0.0 if name in self._down else 1.0
+            if agg["workloads"]:
+                # the machine, as measured by an actor running there (none runs: none measured)
+                metrics.update(self._host.get(name, {}))
             rn = self._ray_node.get(name)
             if alive_actors is not None and rn is not None:
                 metrics["ray_actors_alive"] = float(alive_actors.get(rn, 0))
@@ -1143,10 +1147,19 @@ class RayBackend:
         alloc = att.placement[rep.index] if rep.index < len(att.placement) else None
         declared: tuple[str, ...] = ()
         if alloc is not None and alloc.devices:
-            # no NVML reading from Ray workers: GPU figures are the allocation, labelled so
             metrics["gpus"] = alloc.gpu_per_device * len(alloc.devices) / 1000
-            metrics["vram_used_mib"] = float(alloc.res.vram)
-            declared = ("gpus", "vram_used_mib")
+            if value.get("gpu_measured"):
+                declared = ("gpus",)  # the allocation; utilisation, power, VRAM are NVML's
+            else:
+                # no GPU to read on that node: the figures are the allocation, labelled so
+                metrics["vram_used_mib"] = float(alloc.res.vram)
+                declared = ("gpus", "vram_used_mib")
+        host = value.get("host")
+        if isinstance(host, dict):
+            self._host[rep.node] = {
+                k: float(v) for k, v in host.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
         metrics["replica"] = float(rep.index)
         metrics["attempt"] = float(att.attempt)
         self._telemetry.append(Telemetry(now, rep.node, att.workload, metrics, declared))

@@ -367,6 +367,10 @@ class ReplicaProcess:
         )
 
     # --------------------------------------------------------------- telemetry
+    def pids(self) -> list[int]:
+        """The tree's processes as of the last sample."""
+        return list(self._tree)
+
     def sample(self) -> dict[str, float]:
         """CPU (percent of one core, since the last sample) and RSS of the whole tree."""
         if self.proc is None or self._exit is not None:
@@ -493,8 +497,13 @@ class ReplicaRunner:
         metrics = proc.sample()
         with proc._rlock:
             metrics.update(proc.latest)
+        devices = [int(d) for d in self.meta.get("devices") or ()]
+        gpu = gpu_sample(devices, proc.pids()) if devices and proc.exit_code is None else {}
+        metrics.update(gpu)
         return {
             "metrics": metrics,
+            "gpu_measured": bool(gpu),  # else the backend reports the allocation, labelled so
+            "host": host_metrics(),
             "reports": proc.drain_reports(),
             "progress": proc.progress,
             "checkpoint_progress": proc.checkpoint_progress,
@@ -509,6 +518,55 @@ class ReplicaRunner:
             "exit_code": proc.exit_code if proc is not None else None,
             "start_error": self.start_error,
         }
+
+
+_nvml: Any = None
+_nvml_tried = False
+
+
+def _open_nvml() -> Any:
+    """NVML (the local daemon's wrapper) when this machine has a GPU driver, else None."""
+    global _nvml, _nvml_tried
+    if not _nvml_tried:
+        _nvml_tried = True
+        try:
+            from mlwe.backends.local.telemetry import Nvml
+
+            _nvml = Nvml.open()
+        except Exception:
+            _nvml = None
+    return _nvml
+
+
+def gpu_sample(devices: list[int], pids: list[int]) -> dict[str, float]:
+    """Measured GPU figures of a replica's devices (utilisation, power, VRAM its processes
+    use); empty where no GPU can be read: nothing is invented."""
+    nv = _open_nvml()
+    if nv is None or not devices or any(d >= len(nv.devices) for d in devices):
+        return {}
+    samples = [nv.sample(d) for d in devices]
+    out: dict[str, float] = {}
+    utils = [x["gpu_util"] for x in samples if "gpu_util" in x]
+    if utils:
+        out["gpu_util"] = sum(utils) / len(utils)
+    power = [x["gpu_power_w"] for x in samples if "gpu_power_w" in x]
+    if power:
+        out["gpu_power_w"] = sum(power)
+    mine = set(pids)
+    used = [v for d in devices for pid, v in nv.process_vram(d).items() if pid in mine]
+    if used:
+        out["vram_used_mib"] = sum(used)
+    return out
+
+
+def host_metrics() -> dict[str, float]:
+    """The machine the actor runs on (the local daemon's host sample: CPU, memory, load)."""
+    try:
+        from mlwe.backends.local.telemetry import host_sample
+
+        return host_sample()
+    except Exception:
+        return {}
 
 
 def _ray_node_id() -> str | None:
