@@ -62,6 +62,8 @@ def serve_cmd(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
     backend: Annotated[str, typer.Option(help="sim, local or ray")] = "sim",
+    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster spec file (nodes, queues); --backend ray needs it unless --ray-address local")] = None,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster HOST:PORT for --backend ray ('local': start one on this machine)")] = None,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
     bus: Annotated[str | None, typer.Option("--bus", help="event bus URL, e.g. nats://127.0.0.1:4222")] = None,
@@ -79,10 +81,14 @@ def serve_cmd(
 
     settings = ApiSettings(cors_origins=tuple(cors_origin or ()))
     try:
+        from mlwe.specfile import load_cluster
+
         serve(
             host=host,
             port=port,
             backend=backend,
+            cluster=load_cluster(cluster) if cluster is not None else None,
+            ray_address=ray_address,
             database_url=database_url,
             data_dir=data_dir,
             bus_url=bus,

@@ -153,7 +153,9 @@ def build_service(
     if cluster is None:
         cluster = local_cluster() if backend == "local" else DEFAULT_CLUSTER
     if backend == "ray" and cluster is DEFAULT_CLUSTER:
-        raise ServeError("--backend ray needs --cluster FILE describing the Ray cluster's nodes")
+        if ray_address != "local":
+            raise ServeError("--backend ray needs --cluster FILE describing the Ray cluster's nodes")
+        cluster = local_cluster()  # a Ray cluster started here, shaped like --backend local's
     try:
         inner = make_backend(backend, clock, cluster, seed=seed, ray_address=ray_address)
     except (ImportError, OSError, RuntimeError, TimeoutError) as exc:
