@@ -134,6 +134,16 @@ def test_an_urgent_fine_tune_preempts_and_explain_says_why(api: Api) -> None:
     recent = api.client.get("/api/v1/streams/recent", params={"topics": "reasoning"}, headers=api.h(V)).json()
     traces = [ev["data"] for ev in recent["items"] if ev["data"].get("source") == "scheduler"]
     assert traces and traces[0]["victims"] == [victim] and traces[0]["workload"] == urgent
+    # ... and in the reasoning history, next to the agent's stored traces
+    api.engine.record_reasoning({"type": "agent-decision", "workload": victim, "outcome": "nothing"},
+                                correlation_id="agent-x")
+    hist = api.client.get("/api/v1/reasoning", headers=api.h(V)).json()["items"]
+    kinds = [(h["data"].get("source") or h["data"].get("type"), h["workload"]) for h in hist]
+    assert ("scheduler", urgent) in kinds and ("agent-decision", victim) in kinds
+    assert [h["time"] for h in hist] == sorted(h["time"] for h in hist)
+    w = api.client.get("/api/v1/workloads", params={"state": "preempted,preempting,pending"}, headers=api.h(V)).json()
+    mine = next(x for x in w["items"] if x["id"] == victim)
+    assert mine["preempted_by"] == urgent and "preempting" in mine["lifecycle"]
 
 
 def test_explain_says_why_a_workload_waits(api: Api) -> None:

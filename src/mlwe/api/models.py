@@ -72,13 +72,14 @@ class WorkloadSummary(_Out):
     pending_reason: str
     owner: str | None
     correlation_id: str | None
+    lifecycle: list[str] = Field(description="the states it went through, oldest first (last 12)")
+    preempted_by: str | None
 
 
 class WorkloadDetail(WorkloadSummary):
     spec: dict[str, Any]
     history: list[TransitionOut]
     placement: list[ReplicaOut]
-    preempted_by: str | None
     victims: list[str]
     failures: int
     failure_cause: str | None

@@ -29,6 +29,14 @@ def trace_of(ev: StreamEvent) -> dict[str, Any] | None:
     payload = data.get("payload")
     if data.get("kind") != "decision" or not isinstance(payload, dict):
         return None
+    trace = trace_of_decision(payload)
+    if trace is not None:
+        trace["audit_seq"] = data.get("seq")
+    return trace
+
+
+def trace_of_decision(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The reasoning trace of a decision record (``DecisionRecord.to_dict()``), if relayed."""
     if payload.get("kind") not in RELAYED_KINDS:
         return None
     preemptor = str(payload.get("workload", ""))
@@ -48,7 +56,6 @@ def trace_of(ev: StreamEvent) -> dict[str, Any] | None:
         "verdict": f"applied by the control plane at version {payload.get('version')}",
         "policy": payload.get("policy"),
         "decision_seq": payload.get("seq"),
-        "audit_seq": data.get("seq"),
     }
 
 

@@ -72,6 +72,8 @@ def workload_summary(w: Workload, now: float) -> dict[str, Any]:
         "pending_reason": w.pending_reason if w.state in QUEUED else "",
         "owner": spec.labels.get(OWNER_LABEL),
         "correlation_id": correlation_of(w),
+        "lifecycle": [t.target.value for t in w.history[-12:]],
+        "preempted_by": w.preempted_by,
     }
 
 
@@ -90,7 +92,6 @@ def workload_detail(w: Workload, now: float) -> dict[str, Any]:
                 }
                 for a in w.placement
             ],
-            "preempted_by": w.preempted_by,
             "victims": list(w.victims),
             "failures": w.failures,
             "failure_cause": w.failure_cause,

@@ -3,6 +3,7 @@ quotas, scheduling decisions, stored telemetry and reasoning."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Path, Query
@@ -220,28 +221,57 @@ def telemetry(
     }
 
 
-@router.get("/reasoning", response_model=StreamEventList, summary="Stored reasoning traces")
+@router.get(
+    "/reasoning",
+    response_model=StreamEventList,
+    summary="Reasoning traces: the agent's (stored) and the scheduler's preemptions, latest last",
+)
 def reasoning(
     ctx: Ctx,
     principal: Annotated[Principal, requires(Role.VIEWER)],
     correlation_id: Annotated[str | None, Query(max_length=256)] = None,
-    after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    after_id: Annotated[int | None, Query(ge=0, le=2**62, description="stored traces after this id")] = None,
     limit: Annotated[int, Query(ge=1, le=2000)] = 200,
+    scheduler: Annotated[bool, Query(description="include the scheduler's preemption traces")] = True,
 ) -> dict[str, Any]:
-    entries = ctx.engine.repo.reasoning(correlation_id, after_id=after_id, limit=limit)
-    from mlwe.api.sse import finite
+    from sqlalchemy import select
 
-    return {
-        "last_id": entries[-1].id if entries else after_id,
-        "items": [
-            {
-                "id": e.id,
-                "topic": "reasoning",
-                "time": e.time,
-                "correlation_id": e.correlation_id,
-                "workload": e.record.get("workload") if isinstance(e.record.get("workload"), str) else None,
-                "data": finite(sanitize(e.record)),
-            }
-            for e in entries
-        ],
-    }
+    from mlwe.api.relay import trace_of_decision
+    from mlwe.api.sse import finite
+    from mlwe.store.schema import reasoning as table
+
+    eng = ctx.engine
+    if after_id is not None:
+        entries = eng.repo.reasoning(correlation_id, after_id=after_id, limit=limit)
+        rows = [(e.id, e.time, e.correlation_id, e.record) for e in entries]
+    else:  # the latest ``limit``
+        q = select(table.c.id, table.c.time, table.c.correlation_id, table.c.record)
+        if correlation_id is not None:
+            q = q.where(table.c.correlation_id == correlation_id)
+        with eng.repo.engine.connect() as conn:
+            raw: Any = conn.execute(q.order_by(table.c.id.desc()).limit(limit)).all()
+        rows = [(int(i), float(t), c, json.loads(r)) for i, t, c, r in reversed(raw)]
+    items = [
+        {
+            "id": i,
+            "topic": "reasoning",
+            "time": t,
+            "correlation_id": c,
+            "workload": rec.get("workload") if isinstance(rec.get("workload"), str) else None,
+            "data": finite(sanitize(rec)),
+        }
+        for i, t, c, rec in rows
+    ]
+    if scheduler and after_id is None:
+        decisions = [
+            d for d in (eng.repo.decisions_for(None, correlation_id) if correlation_id else list(eng.recent_decisions))
+            if d.kind == "preempt"
+        ][-limit:]
+        for d in decisions:
+            trace = trace_of_decision(d.to_dict())
+            if trace is not None:
+                items.append({"id": 0, "topic": "reasoning", "time": d.time, "correlation_id": d.cause_id,
+                              "workload": d.workload, "data": finite(sanitize(trace))})
+        items.sort(key=lambda x: x["time"])
+        items = items[-limit:]
+    return {"last_id": rows[-1][0] if rows else (after_id or 0), "items": items}

@@ -136,6 +136,7 @@
     const cur = S.workloads.get(w.id) || { history: [] };
     const merged = Object.assign(cur, w);
     if (w.history) merged.history = w.history.map((h) => h.target);
+    else if (w.lifecycle && w.lifecycle.length >= (cur.history || []).length) merged.history = w.lifecycle.slice();
     S.workloads.set(w.id, merged);
     if (merged.correlation_id) relate(merged.correlation_id, w.id);
     return merged;
@@ -687,12 +688,14 @@
     } catch (_) { /* shown by the connection badge */ }
   }
   async function loadHistory() {
-    const [wl, audit, recent] = await Promise.all([
+    const [wl, audit, recent, traces] = await Promise.all([
       api("workloads?limit=200"),
       api("audit?limit=200"),
-      api("streams/recent?topics=reasoning,telemetry,state&limit=1500"),
+      api("streams/recent?topics=telemetry,state&limit=1500"),
+      api("reasoning?limit=100"),
     ]);
     for (const w of wl.items) upsertWorkload(w);
+    for (const ev of traces.items) onReasoning(ev);
     for (const a of audit.items) {
       const ids = auditWorkloads(a);
       for (const w of ids) relate(a.correlation_id, w);
@@ -700,8 +703,7 @@
     }
     S.audit = audit.items.slice().reverse();
     for (const ev of recent.items) {
-      if (ev.topic === "reasoning") onReasoning(ev);
-      else if (ev.topic === "telemetry") onTelemetry(ev);
+      if (ev.topic === "telemetry") onTelemetry(ev);
       else if (ev.topic === "state") onState(ev);
     }
     if (S.lastEventId === null) S.lastEventId = String(recent.last_id);
