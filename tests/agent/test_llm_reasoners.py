@@ -202,8 +202,10 @@ def test_openai_hallucinations_are_refused_or_rejected() -> None:
         choice = openai_reasoner(server).choose(sit, tools)
         refusals = [json.loads(m["content"]) for m in server.tool_messages(1)]
     tr = choice.trace
+    # the last proposal parses, but the tools' own fork (no forecaster here) rejects it
     assert [(c.tool, c.ok) for c in tr.tool_calls] == [
-        ("drop_table", False), ("list_workloads", False), ("propose", False), ("propose", True)]
+        ("drop_table", False), ("list_workloads", False), ("propose", False), ("propose", False)]
+    assert tr.tool_calls[3].summary.startswith("rejected on a fork of the state these tools read")
     assert "not allowed" in tr.tool_calls[0].summary
     assert "not valid JSON" in tr.tool_calls[1].summary
     assert "'place' is not one an agent may propose" in tr.tool_calls[2].summary
@@ -322,8 +324,10 @@ def test_adk_guardrail_refuses_and_the_control_plane_rejects() -> None:
         told = [r["response"] for i in range(1, 4) for r in server.function_responses(i)
                 if r["response"].get("ok") is False]
     tr = choice.trace
+    # the last proposal parses, but the tools' own fork (no forecaster here) rejects it
     assert [(c.tool, c.ok) for c in tr.tool_calls] == [
-        ("shell", False), ("list_workloads", False), ("propose", False), ("propose", True)]
+        ("shell", False), ("list_workloads", False), ("propose", False), ("propose", False)]
+    assert "priority rule" in tr.tool_calls[3].summary
     assert all(c.summary.startswith("refused by the guardrail") for c in tr.tool_calls[:3])
     assert len(told) >= 3 and all("refused" in r["error"] for r in told[:3])
     assert choice.plan is not None

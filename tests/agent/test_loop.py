@@ -99,19 +99,44 @@ def test_control_plane_rejections_come_back_with_reasons(sla: tuple[ControlPlane
     cp, _ = sla
     before = state_digest(cp)
 
-    def always_stale(actions: Sequence[Action], v: int | None, cid: str, why: str) -> ApplyResult:
-        rej = Rejection(-1, "batch", "-", (f"stale version: decided on {v}, state is at {v + 1}",))
+    def always_refused(actions: Sequence[Action], v: int | None, cid: str, why: str) -> ApplyResult:
+        rej = Rejection(0, actions[0].kind, "ft", ("quota: queue default is over its limit",))
         return ApplyResult(False, cp.version, (rej,))
 
-    agent, _, reasoning = agent_for(cp, propose=always_stale)
+    agent, _, reasoning = agent_for(cp, propose=always_refused)
     out = [o for o in agent.tick() if o.finding == "deadline-at-risk:ft"]
     recs = [r for r in reasoning if r["finding"]["id"] == "deadline-at-risk:ft"]
-    assert recs[0]["outcome"] == "rejected" and "stale version" in recs[0]["reasons"][0]
+    assert recs[0]["outcome"] == "rejected" and "over its limit" in recs[0]["reasons"][0]
     # the reasoner saw the rejection and did not choose the same plan again
     assert "already tried: rejected" in {c["verdict"] for c in recs[1]["trace"]["considered"]}
     assert any("earlier in this round" in s for s in recs[1]["trace"]["saw"])
     assert out[0].outcome == "nothing"
     assert state_digest(cp) == before
+
+
+def test_a_stale_proposal_is_planned_again_on_fresh_state(
+    sla: tuple[ControlPlane, ManualClock],
+) -> None:
+    """Decided on a version the state has left: not a verdict on the plan; the finding
+    stays out of its cooldown and the next analysis decides again, at the new version."""
+    cp, clock = sla
+    seen: list[int | None] = []
+
+    def stale_once(actions: Sequence[Action], v: int | None, cid: str, why: str) -> ApplyResult:
+        seen.append(v)
+        if len(seen) == 1:
+            rej = Rejection(-1, "batch", "-", (f"stale version: decided on {v}, state is at {v + 1}",))  # type: ignore[operator]
+            return ApplyResult(False, cp.version, (rej,))
+        return cp.apply(list(actions), v, cause_id=cid)
+
+    agent, _, _ = agent_for(cp, propose=stale_once, config=AgentConfig(min_interval_s=0))
+    first = [o for o in agent.tick() if o.finding == "deadline-at-risk:ft"]
+    assert first[0].outcome == "stale" and "stale version" in first[0].reasons[0]
+    assert cp.get("ft").priority == 50 and agent.stats.stale == 1
+    clock.advance(agent.config.analysis_interval_s)
+    again = [o for o in agent.tick() if o.finding == "deadline-at-risk:ft"]
+    assert again[0].outcome == "committed" and cp.get("ft").priority == 51
+    assert seen == [cp.version - 1, cp.version - 1]  # both decided on the state of their time
 
 
 class Fabricator:

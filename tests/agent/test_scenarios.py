@@ -20,6 +20,15 @@ def test_rules_reasoner_passes_every_scenario() -> None:
     for r in result["scenarios"]:
         assert r["agent"]["committed"], r["scenario"]
         assert set(r["kpis"]["agent"]) == set(r["kpis"]["baseline"])
+    # the preemption plan and the OOM plan were carried through by their workflows
+    flows = {r["scenario"]: r["agent"]["workflows"] for r in result["scenarios"]}
+    (sla,) = flows["sla-fine-tune"]
+    assert (sla["kind"], sla["status"]) == ("reschedule", "done")
+    assert sla["steps"] == ["checkpoint", "wait_checkpoint", "confirm_release", "place", "start"]
+    assert "train-0 saved" in sla["summary"] and "train-1 saved" in sla["summary"]
+    (oom,) = flows["oom-crash-loop"]
+    assert (oom["kind"], oom["status"]) == ("recover", "done")
+    assert oom["summary"].startswith("recovered: ft-oom")
 
 
 def test_eval_command_prints_json_and_fails_on_unknown_scenarios() -> None:

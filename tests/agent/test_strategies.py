@@ -59,6 +59,10 @@ def test_reprioritise_raises_just_above_the_cheapest_holders(sla: tuple[ControlP
     assert len(victims) == 2
     assert len({cp.get(v).placement[0].node for v in victims}) == 1
     verified(cp, acts)
+    # carried through by a reschedule workflow for exactly those victims
+    wf = plans[0].workflow
+    assert wf is not None and wf.kind == "reschedule"
+    assert dict(wf.params) == {"preemptor": "ft", "victims": victims}
 
 
 def test_reprioritise_prefers_head_of_queue_when_that_suffices() -> None:
@@ -93,6 +97,9 @@ def test_requeue_with_more_memory_after_oom_kills() -> None:
     sr = p.actions[0]
     assert isinstance(sr, SetResources) and sr.resources.memory == oom_target_memory(32 * 1024, 32 * 1024)
     assert sr.resources.memory == 48 * 1024
+    # the recover workflow carries it on (backoff, move, dead letter)
+    assert p.workflow is not None and (p.workflow.kind, dict(p.workflow.params)) == (
+        "recover", {"workload": "etl"})
     verified(cp, p.actions)
     (hz,) = hazards_for(f, ctx(cp))
     assert hz.kind == "crash" and hz.cleared_by_memory is not None
@@ -190,3 +197,19 @@ def test_strategies_without_a_fitting_finding_propose_nothing(sla: tuple[Control
 def test_every_default_strategy_has_a_unique_name() -> None:
     names = [s.name for s in default_strategies()]
     assert len(names) == len(set(names))
+
+
+def test_failures_on_a_node_cordon_it_and_recover_the_workload_elsewhere() -> None:
+    cp, _ = cluster(gpu_node("g0"), gpu_node("g1"))
+    running_on(cp, job("job", gpu=4, models=[A100]), "g0")
+    ok(cp.apply([Exited("job", cp.get("job").attempt, 1, "error")]))
+    f = Finding("repeated-failures", "job", "workload", "fails on g0", 0.7, cause="node",
+                evidence={"attempts": [{"nodes": ["g0"]}, {"nodes": ["g0"]}]})
+    (p,) = CordonNode().plan(f, ctx(cp))
+    assert p.actions == (SetNodeStatus("g0", NodeStatus.CORDONED, "agent: repeated-failures"),)
+    assert p.workflow is not None and p.workflow.kind == "recover"
+    assert dict(p.workflow.params) == {"workload": "job", "bad_nodes": ["g0"]}
+    verified(cp, p.actions)
+    # a flapping node is cordoned, and no single workload is recovered for it
+    (flap,) = CordonNode().plan(Finding("node-flapping", "g0", "node", "flaps", 0.6), ctx(cp))
+    assert flap.workflow is None

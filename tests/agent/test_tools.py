@@ -147,3 +147,21 @@ def test_codec_errors_name_the_field(d: dict[str, object], expect: str) -> None:
     with pytest.raises(ActionError, match=None) as exc:
         action_from_dict(d)
     assert expect in str(exc.value)
+
+
+def test_propose_says_where_it_verified(sla: tuple[ControlPlane, ManualClock]) -> None:
+    """Without a forecaster the tools verify on a fork of their own, and say so."""
+    cp, _ = sla
+    before = state_digest(cp)
+    bare = AgentTools(cp, candidates=tools_for(cp).candidates.values())
+    r = bare.call("propose", {"plan_id": "raise", "rationale": "deadline"})
+    assert r["ok"] and r["verified"]
+    assert r["verified_on"] == "a fork of the state these tools read (no forecaster attached)"
+    assert bare.calls[-1].summary == f"verified on {r['verified_on']}"
+    bad = bare.call("propose", {"actions": [{"kind": "preempt", "victim": "train-0",
+                                             "preemptor": "ft"}], "rationale": "x"})
+    assert bad["ok"] is False and any("priority rule" in x for x in bad["rejections"])
+    assert bare.calls[-1].summary.startswith("rejected on a fork of the state these tools read")
+    full = tools_for(cp).call("propose", {"plan_id": "raise", "rationale": "deadline"})
+    assert full["verified_on"] == "the forecaster's fork"
+    assert state_digest(cp) == before

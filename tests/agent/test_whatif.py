@@ -121,3 +121,25 @@ def test_waste_hazard_makes_stopping_a_useless_run_better(sla: tuple[ControlPlan
     # the cancelled run holds its GPUs only while it stops (the eviction delay)
     assert r.plan.kpis["wasted_gpu_s"] < 0.01 * r.nothing.kpis["wasted_gpu_s"]
     assert r.better
+
+
+def test_a_snapshot_forecasts_as_the_live_state_would_and_stays_put(
+    sla: tuple[ControlPlane, ManualClock],
+) -> None:
+    """The agent copies the state under the lock, then forecasts on the copy with no lock:
+    the same forecast as on the live state at that version, untouched by later changes."""
+    cp, _ = sla
+    engine = WhatIfEngine(cp, hazards=lambda: [Hazard("train-0", "waste")])
+    good = plan(SetPriority("ft", 51), Preempt("train-0", "ft"), Preempt("train-1", "ft"))
+    live = engine.what_if(good)
+    snap = engine.snapshot()
+    assert (snap.version, snap.hazards) == (cp.version, (Hazard("train-0", "waste"),))
+    digest = state_digest(snap.cp)
+    ok(cp.apply([Cancel("train-0")]))  # the live state moves on
+    on_copy = engine.at(snap).what_if(good)
+    assert on_copy.fork_version == live.fork_version == snap.version < cp.version
+    assert on_copy.plan.score == live.plan.score and on_copy.nothing.score == live.nothing.score
+    assert on_copy.better is live.better is True
+    assert engine.at(snap).verify(good.actions) == ()
+    assert engine.verify(good.actions) != ()  # live, train-0 is stopping: no longer a victim
+    assert state_digest(snap.cp) == digest  # forecasts fork the copy; the copy stays put

@@ -1,6 +1,6 @@
 """The MAPE loop: monitor, analyze, plan, execute; every step audited and streamed.
 
-``Agent.tick()`` is one pass: the monitor takes in telemetry and lifecycle
+One *round* of the agent: the monitor takes in telemetry and lifecycle
 events; the triggers whose schedule is due look for findings; for each
 finding (most severe first) the strategies build candidate plans, the
 reasoner chooses one and explains itself, the what-if engine plays the plan
@@ -9,39 +9,53 @@ verified and better is executed according to the mode:
 
 - ``autonomous``: proposed to the control plane at the version it was decided
   on (``expected_version``); a rejection goes back to the reasoner with its
-  reasons, which may choose another plan (up to ``max_attempts``);
+  reasons, which may choose another plan (up to ``max_attempts``). A plan with
+  a workflow (a preemption: ``reschedule``; repeated failures: ``recover``)
+  has its actions committed that way first, then the workflow carries it
+  through (wait, confirm, compensate) under the same correlation id;
 - ``approve``: it waits for an operator (:meth:`Agent.pending`,
   :meth:`Agent.approve`, :meth:`Agent.reject`); approval re-runs the what-if on
-  the state of that moment before proposing;
+  the state of that moment before proposing and starting the workflow;
 - ``observe``: it is recorded as a proposal and never committed.
 
+Locking: the agent reads and writes the live state only under ``lock`` (the
+engine's lock in the runtime), and only for short phases: analysing and
+planning (triggers, strategies) and taking a *snapshot* (a private copy of the
+state, see :class:`mlwe.agent.whatif.Snapshot`); then executing (proposing at
+the snapshot's version, starting the workflow, recording). The reasoner and
+the forecasts (the seconds) work on the snapshot with no lock held. If the
+state moved on meanwhile, the control plane rejects the proposal as stale
+(``expected_version``); the finding is left out of its cooldown and the next
+analysis plans again on fresh state.
+
+Two ways to run: :meth:`Agent.tick` does a whole round synchronously when one
+is due (simulations, tests, an engine ticked by hand: deterministic), and
+:meth:`Agent.start_background` runs rounds on the agent's own thread, the
+engine's tick hook only noting telemetry and asking for a round when one is
+due (:meth:`Agent.background_tick`): the engine loop never waits for a
+forecast. Either way an analysis runs at most every ``analysis_interval_s`` of
+engine time (and, without lifecycle news, every ``min_interval_s``).
+
 The agent never changes state except through the ``propose`` sink, which by
-default is ``ControlPlane.apply`` (the runtime passes ``Engine.propose``).
-Every step yields an audit record (``audit_sink``) and every decision a
-reasoning record (``reasoning_sink``), both plain JSON-able dicts.
+default is ``ControlPlane.apply`` (the runtime passes ``Engine.propose``), and
+the workflows it starts (whose steps propose the same way). Every step yields
+an audit record (``audit_sink``) and every decision a reasoning record
+(``reasoning_sink``), both plain JSON-able dicts.
 
-Wiring into the runtime (``mlwe.runtime.Engine``)::
-
-    agent = Agent(engine.cp, lock=engine.lock,
-                  propose=lambda acts, v, cid, why: engine.propose(
-                      acts, actor="agent", expected_version=v, correlation_id=cid,
-                      rationale=why),
-                  reasoning_sink=lambda r: engine.record_reasoning(
-                      r, correlation_id=r["correlation_id"]),
-                  audit_sink=...)
-    engine.telemetry_listeners.append(lambda s: agent.observe([s]))
-    engine.tick_hooks.append(lambda e: agent.tick())
-
-which is what :func:`attach` does (the engine is duck-typed: the agent does not
-import the runtime, an outer layer).
+Wiring into the runtime (``mlwe.runtime.Engine``) is :func:`attach` (the
+engine is duck-typed: the agent does not import the runtime, an outer layer).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+import time
+import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,13 +68,16 @@ from mlwe.agent.strategies import Strategy, default_strategies, hazards_for
 from mlwe.agent.telemetry import TelemetryWindow
 from mlwe.agent.tools import AgentTools
 from mlwe.agent.triggers import AnalyzeConfig, Analyzer, Context, Trigger, default_triggers
-from mlwe.agent.whatif import WhatIfConfig, WhatIfEngine
+from mlwe.agent.whatif import Snapshot, WhatIfConfig, WhatIfEngine, YieldGil
+from mlwe.agent.workflows import WorkflowEngine, WorkflowError, attach_workflows, detach_workflows
 from mlwe.core.actions import Action
 from mlwe.core.backend import Telemetry
 from mlwe.core.controlplane import ApplyResult, ControlPlane
 from mlwe.core.model import Workload
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import WorkloadSpec
+
+log = logging.getLogger("mlwe.agent")
 
 #: (actions, expected_version, correlation_id, rationale) -> the control plane's answer
 ProposeFn = Callable[[Sequence[Action], int | None, str, str], ApplyResult]
@@ -70,8 +87,11 @@ Sink = Callable[[dict[str, Any]], None]
 @dataclass
 class AgentConfig:
     mode: Mode = Mode.AUTONOMOUS
-    #: at most one analysis per this many seconds (engine clock), news or not
+    #: without lifecycle news, at most one analysis per this many seconds (engine clock)
     min_interval_s: float = 30.0
+    #: with news too, at most one analysis per this many seconds of engine time: the
+    #: analysis (triggers, plans, forecasts) is the heavy part, not run every engine tick
+    analysis_interval_s: float = 5.0
     #: after a decision about a finding, leave it alone this long (unless it changes)
     cooldown_s: float = 1800.0
     max_attempts: int = 3  # plans tried per finding per round (feedback loop)
@@ -91,15 +111,18 @@ class Outcome:
 
     correlation_id: str
     finding: str
-    outcome: str  # committed | rejected | not-better | pending-approval | observed | nothing | gave-up | approved | operator-rejected
+    # committed | rejected | not-better | pending-approval | observed | nothing | gave-up |
+    # stale | approved | operator-rejected
+    outcome: str
     plan: str | None = None
     reasons: tuple[str, ...] = ()
     version: int | None = None
+    workflow: str | None = None  # the workflow carrying a committed plan through
 
     def to_dict(self) -> dict[str, Any]:
         return {"correlation_id": self.correlation_id, "finding": self.finding,
                 "outcome": self.outcome, "plan": self.plan, "reasons": list(self.reasons),
-                "version": self.version}
+                "version": self.version, "workflow": self.workflow}
 
 
 @dataclass
@@ -126,6 +149,77 @@ class PendingPlan:
         })
 
 
+def _pct(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    return round(s[min(len(s) - 1, int(q * len(s)))], 3) if s else 0.0
+
+
+class AgentStats:
+    """Where the agent's time goes: under the lock (analysis, snapshot, execution)
+    and outside it (reasoning and forecasts on a snapshot)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.lock_ms: deque[float] = deque(maxlen=10_000)  # each locked phase
+        self.lock_max_ms: dict[str, float] = {}  # the longest hold, per phase
+        self.think_ms: deque[float] = deque(maxlen=10_000)  # each deliberation (no lock)
+        self.stale = 0  # proposals rejected as decided on an older state
+        self.workflows = 0  # workflows started for committed plans
+
+    def held(self, phase: str, ms: float) -> None:
+        self.lock_ms.append(ms)
+        if ms > self.lock_max_ms.get(phase, 0.0):
+            self.lock_max_ms[phase] = round(ms, 3)
+
+    def summary(self) -> dict[str, Any]:
+        lock, think = list(self.lock_ms), list(self.think_ms)
+        return {
+            "agent_rounds": self.rounds,
+            "agent_lock_ms_p50": _pct(lock, 0.5),
+            "agent_lock_ms_p99": _pct(lock, 0.99),
+            "agent_lock_ms_max": round(max(lock), 3) if lock else 0.0,
+            "agent_think_ms_p50": _pct(think, 0.5),
+            "agent_think_ms_max": round(max(think), 3) if think else 0.0,
+            "agent_stale": self.stale,
+            "agent_workflows": self.workflows,
+            "agent_lock_max_ms_by_phase": dict(sorted(self.lock_max_ms.items())),
+        }
+
+
+class _LockedTelemetry:
+    """The monitor's telemetry window, read under the lock (the engine adds samples)."""
+
+    def __init__(self, window: TelemetryWindow, lock: Any) -> None:
+        self.window = window
+        self.lock = lock
+
+    def samples(
+        self,
+        *,
+        workload: str | None = None,
+        node: str | None = None,
+        metric: str | None = None,
+        last: int | None = None,
+    ) -> list[Telemetry]:
+        with self.lock:
+            return self.window.samples(workload=workload, node=node, metric=metric, last=last)
+
+
+@dataclass
+class _Deliberation:
+    situation: Situation
+    choice: Choice
+    plan: CandidatePlan | None
+    whatif: WhatIf | None
+
+
+def _stale(result: ApplyResult) -> bool:
+    return not result.accepted and any(
+        r.action == "batch" and any(x.startswith("stale version") for x in r.reasons)
+        for r in result.rejections
+    )
+
+
 class Agent:
     def __init__(
         self,
@@ -144,8 +238,12 @@ class Agent:
         telemetry_source: Callable[[], list[Telemetry]] | None = None,
         lock: Any = None,
         name: str = "agent",
+        workflows: WorkflowEngine | None = None,
+        run_id: str = "",
     ) -> None:
         self.cp = cp
+        #: in correlation ids (``name-run_id-n``): keeps them unique across restarts
+        self.run_id = run_id
         self.config = config or AgentConfig()
         if mode is not None:
             self.config.mode = Mode(mode)
@@ -163,12 +261,15 @@ class Agent:
                                    scheduler_factory=scheduler_factory,
                                    hazards=lambda: self._hazards,
                                    arrivals=self.arrival_pattern)
+        #: the workflows committed plans are carried through by (None: actions only)
+        self.workflows = workflows
         self._propose = propose or self._apply
         self.audit_sink = audit_sink
         self.reasoning_sink = reasoning_sink
         self.lock = lock if lock is not None else threading.RLock()
         self._seq = itertools.count(1)
         self._last_analysis: float | None = None
+        self._replan = False  # a finding went stale: analyse again soon
         self._handled: dict[str, tuple[float, Any]] = {}
         self._operator_feedback: dict[str, list[Feedback]] = {}
         self._pending: dict[str, PendingPlan] = {}
@@ -177,11 +278,27 @@ class Agent:
         self.outcomes: list[Outcome] = []
         self.ticks = 0
         self.analyses = 0
+        self.stats = AgentStats()
         self._detachers: list[Callable[[], None]] = []
+        # background rounds (start_background)
+        self._worker: threading.Thread | None = None
+        self._requested = threading.Event()
+        self._stopping = threading.Event()
+        self._busy = False
 
     @property
     def mode(self) -> Mode:
         return self.config.mode
+
+    @contextmanager
+    def _locked(self, phase: str = "other") -> Iterator[None]:
+        """Hold the lock for one short phase (and count how long it was held)."""
+        with self.lock:
+            t = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.stats.held(phase, (time.perf_counter() - t) * 1000)
 
     # ================================================================= monitor
     def observe(self, samples: Iterable[Telemetry]) -> None:
@@ -245,21 +362,33 @@ class Agent:
         return result
 
     # ==================================================================== tick
+    def _due(self, now: float) -> bool:
+        last = self._last_analysis
+        if last is None:
+            return True
+        since = now - last
+        if since < self.config.analysis_interval_s:
+            return False
+        # lifecycle events are analysed soon (a failure waits for its retry only
+        # briefly); telemetry and timers at most every min_interval_s
+        return (since >= self.config.min_interval_s or self.monitor.new_events > 0
+                or self._replan)
+
     def tick(self) -> list[Outcome]:
-        """One monitor-analyze-plan-execute pass; returns what became of each finding."""
-        with self.lock:
+        """One monitor-analyze-plan-execute round, synchronously, if one is due;
+        returns what became of each finding."""
+        with self._locked("tick"):
             self.ticks += 1
-            now = self.cp.now()
             self.monitor.poll()
-            # lifecycle events are analysed at once (a failure waits for its retry only
-            # briefly); telemetry and timers at most every min_interval_s
-            if (
-                self._last_analysis is not None
-                and now - self._last_analysis < self.config.min_interval_s
-                and not self.monitor.new_events
-            ):
+            if not self._due(self.cp.now()):
                 return []
+        return self._round()
+
+    def _round(self) -> list[Outcome]:
+        with self._locked("analyze"):
+            now = self.cp.now()
             self._last_analysis = now
+            self._replan = False
             self.monitor.refresh()
             events, samples, _kinds = self.monitor.take_news()
             ctx = Context(self.cp, self.monitor, self.scheduler, self.config.analyze)
@@ -267,20 +396,30 @@ class Agent:
             if not ran:
                 return []
             self.analyses += 1
+            self.stats.rounds += 1
             self.monitor.forget_finished()
             findings.sort(key=lambda f: (-f.severity, f.id))
             self._hazards = [h for f in findings
                              for h in hazards_for(f, ctx, self.config.node_failure_after_s)]
-            out: list[Outcome] = []
+            todo: list[Finding] = []
             for f in findings:
-                if len(out) >= self.config.max_findings_per_tick:
+                if len(todo) >= self.config.max_findings_per_tick:
                     break
                 if self._cooling(f, now):
                     continue
-                out.append(self._handle(f, ctx))
+                self._handled[f.id] = (now, self._revision(f))
+                todo.append(f)
+        out: list[Outcome] = []
+        for f in todo:
+            if self._stopping.is_set():
+                with self._locked("record"):
+                    self._handled.pop(f.id, None)
+                continue
+            out.append(self._handle(f))
+        with self._locked("record"):
             self.outcomes += out
             del self.outcomes[:-1000]
-            return out
+        return out
 
     def _revision(self, f: Finding) -> Any:
         ev = f.evidence
@@ -303,62 +442,158 @@ class Agent:
                         plans.setdefault(p.id, p)
         return list(plans.values())
 
-    def _handle(self, f: Finding, ctx: Context) -> Outcome:
-        cid = f"{self.name}-{next(self._seq)}"
-        now = self.cp.now()
-        self._handled[f.id] = (now, self._revision(f))
-        self._audit("analyze", cid, finding=f.to_dict())
-        candidates = self._candidates(f, ctx)
-        self._audit("plan", cid, finding=f.id, candidates=[c.to_dict() for c in candidates])
-        feedback: list[Feedback] = list(self._operator_feedback.get(f.id, ()))
-        for attempt in range(1, self.config.max_attempts + 1):
-            version = self.cp.version
-            situation = Situation(now, version, self.mode, (f,), tuple(candidates), tuple(feedback))
-            tools = AgentTools(self.cp, telemetry=self.monitor.telemetry, candidates=candidates,
-                               findings=(f,), forecaster=self.whatif if self.config.whatif else None,
-                               scheduler=self.scheduler)
-            choice = self.reasoner.choose(situation, tools)
-            plan = self._known_plan(choice, candidates, tools)
-            self._audit("reason", cid, finding=f.id, attempt=attempt, chose=choice.trace.chose,
-                        reasoner=self.reasoner.name)
-            reasons: tuple[str, ...]
-            if plan is None:
-                reasons = () if choice.plan is None else (
-                    f"the reasoner chose {choice.plan.id!r}, which is neither a candidate nor"
-                    " proposed through the tools",)
-                return self._finish(cid, f, situation, choice, None, "nothing", reasons, attempt)
-            wi: WhatIf | None = None
-            if self.config.whatif:
-                wi = tools.forecasts.get(plan.id)
-                if wi is None or wi.fork_version != self.cp.version:
-                    wi = self.whatif.what_if(plan)
-                self._audit("what-if", cid, plan=plan.id, better=wi.better, summary=wi.summary,
-                            plan_score=wi.plan.score, nothing_score=wi.nothing.score)
-                if not wi.better:
-                    outcome = "not-verified" if not wi.plan.verified else "not-better"
-                    reasons = (wi.summary, *wi.plan.rejections[:5])
-                    self._reason(cid, f, situation, choice, wi, outcome, reasons, attempt)
-                    feedback.append(Feedback(plan.id, outcome, reasons))
-                    continue
-            if self.mode is Mode.OBSERVE:
-                return self._finish(cid, f, situation, choice, wi, "observed",
-                                    ("observe mode: proposed, not committed",), attempt)
-            if self.mode is Mode.APPROVE:
-                pid = f"plan-{cid}"
-                self._pending[pid] = PendingPlan(pid, plan, f, wi, choice.trace.to_dict(),
-                                                 self.cp.version, now, cid)
-                self._audit("await-approval", cid, pending=pid, plan=plan.id)
-                return self._finish(cid, f, situation, choice, wi, "pending-approval",
-                                    (f"waiting for an operator: approve or reject {pid}",), attempt)
-            result = self._propose(plan.actions, self.cp.version, cid, _rationale(choice))
-            if result.accepted:
-                return self._finish(cid, f, situation, choice, wi, "committed", (), attempt,
-                                    version=result.version)
-            reasons = tuple(result.reasons()) or ("rejected without a reason",)
-            self._reason(cid, f, situation, choice, wi, "rejected", reasons, attempt)
-            feedback.append(Feedback(plan.id, "rejected", reasons))
-        return self._finish(cid, f, situation, None, None, "gave-up",
-                            tuple(f"{fb.plan_id}: {fb.outcome}" for fb in feedback), attempt)
+    def _snapshot(self) -> Snapshot:
+        """The state a deliberation works on (call under the lock: a quick copy)."""
+        return self.whatif.snapshot()
+
+    def _handle(self, f: Finding) -> Outcome:
+        cfg = self.config
+        with self._locked("snapshot"):
+            cid = f"{self.name}-{self.run_id + '-' if self.run_id else ''}{next(self._seq)}"
+            self._audit("analyze", cid, finding=f.to_dict())
+            feedback: list[Feedback] = list(self._operator_feedback.get(f.id, ()))
+            snap = self._snapshot()
+        # the strategies read the snapshot too (they only read state): no lock held
+        candidates = self._candidates(f, Context(snap.cp, self.monitor, self.scheduler,
+                                                 cfg.analyze))
+        d: _Deliberation | None = None
+        for attempt in range(1, cfg.max_attempts + 1):
+            if attempt > 1:
+                with self._locked("snapshot"):
+                    if self.cp.version != snap.version:  # the state moved on: look again
+                        snap = self._snapshot()
+            d = self._deliberate(f, candidates, feedback, snap)  # no lock held
+            with self._locked("act"):
+                if attempt == 1:
+                    self._audit("plan", cid, finding=f.id, version=snap.version,
+                                candidates=[c.to_dict() for c in candidates])
+                done = self._act(cid, f, d, feedback, attempt)
+            if done is not None:
+                return done
+        assert d is not None
+        with self._locked("record"):
+            return self._finish(cid, f, d.situation, None, None, "gave-up",
+                                tuple(f"{fb.plan_id}: {fb.outcome}" for fb in feedback),
+                                cfg.max_attempts)
+
+    def _deliberate(self, f: Finding, candidates: Sequence[CandidatePlan],
+                    feedback: Sequence[Feedback], snap: Snapshot) -> _Deliberation:
+        """Choose and forecast on ``snap`` (a private copy): needs no lock."""
+        started = time.perf_counter()
+        situation = Situation(snap.time, snap.version, self.mode, (f,), tuple(candidates),
+                              tuple(feedback))
+        view = self.whatif.at(snap)
+        tools = AgentTools(snap.cp, telemetry=_LockedTelemetry(self.monitor.telemetry, self.lock),
+                           candidates=candidates, findings=(f,),
+                           forecaster=view if self.config.whatif else None,
+                           scheduler=self.scheduler)
+        choice = self.reasoner.choose(situation, tools)
+        plan = self._known_plan(choice, candidates, tools)
+        wi: WhatIf | None = None
+        if plan is not None and self.config.whatif:
+            wi = tools.forecasts.get(plan.id)
+            if wi is None or wi.fork_version != snap.version:
+                wi = view.what_if(plan)
+        self.stats.think_ms.append((time.perf_counter() - started) * 1000)
+        return _Deliberation(situation, choice, plan, wi)
+
+    def _act(self, cid: str, f: Finding, d: _Deliberation, feedback: list[Feedback],
+             attempt: int) -> Outcome | None:
+        """Execute a deliberation (under the lock); None: try another plan."""
+        situation, choice, plan, wi = d.situation, d.choice, d.plan, d.whatif
+        self._audit("reason", cid, finding=f.id, attempt=attempt, chose=choice.trace.chose,
+                    reasoner=self.reasoner.name)
+        reasons: tuple[str, ...]
+        if plan is None:
+            reasons = () if choice.plan is None else (
+                f"the reasoner chose {choice.plan.id!r}, which is neither a candidate nor"
+                " proposed through the tools",)
+            return self._finish(cid, f, situation, choice, None, "nothing", reasons, attempt)
+        if wi is not None:
+            self._audit("what-if", cid, plan=plan.id, better=wi.better, summary=wi.summary,
+                        plan_score=wi.plan.score, nothing_score=wi.nothing.score,
+                        fork_version=wi.fork_version)
+            if not wi.better:
+                outcome = "not-verified" if not wi.plan.verified else "not-better"
+                reasons = (wi.summary, *wi.plan.rejections[:5])
+                self._reason(cid, f, situation, choice, wi, outcome, reasons, attempt)
+                feedback.append(Feedback(plan.id, outcome, reasons))
+                return None
+        if self.mode is Mode.OBSERVE:
+            return self._finish(cid, f, situation, choice, wi, "observed",
+                                ("observe mode: proposed, not committed",), attempt)
+        if self.mode is Mode.APPROVE:
+            pid = f"plan-{cid}"
+            self._pending[pid] = PendingPlan(pid, plan, f, wi, choice.trace.to_dict(),
+                                             situation.version, self.cp.now(), cid)
+            self._audit("await-approval", cid, pending=pid, plan=plan.id)
+            return self._finish(cid, f, situation, choice, wi, "pending-approval",
+                                (f"waiting for an operator: approve or reject {pid}",), attempt)
+        if self._stopping.is_set():
+            self._handled.pop(f.id, None)
+            return self._finish(cid, f, situation, choice, wi, "nothing",
+                                ("the agent stopped before acting",), attempt)
+        conflicts = self._workflow_conflicts(plan)
+        if conflicts:
+            self._reason(cid, f, situation, choice, wi, "rejected", conflicts, attempt)
+            feedback.append(Feedback(plan.id, "rejected", conflicts))
+            return None
+        result, workflow, notes = self._commit(plan, situation.version, cid, _rationale(choice))
+        if result.accepted:
+            return self._finish(cid, f, situation, choice, wi, "committed", notes, attempt,
+                                version=result.version, workflow=workflow)
+        reasons = tuple(result.reasons()) or ("rejected without a reason",)
+        if _stale(result):
+            # decided on a state that has moved on: not a verdict on the plan; leave the
+            # finding out of its cooldown so the next analysis plans on fresh state
+            self.stats.stale += 1
+            self._handled.pop(f.id, None)
+            self.analyzer.again(f.trigger)
+            self._replan = True
+            return self._finish(cid, f, situation, choice, wi, "stale",
+                                (*reasons, "the next analysis plans again on the current state"),
+                                attempt)
+        self._reason(cid, f, situation, choice, wi, "rejected", reasons, attempt)
+        feedback.append(Feedback(plan.id, "rejected", reasons))
+        return None
+
+    # ============================================================== execution
+    def _workflow_conflicts(self, plan: CandidatePlan) -> tuple[str, ...]:
+        """Reasons the plan's workflow could not be started after its actions commit
+        (another workflow owns the same workloads): checked before anything is proposed."""
+        if plan.workflow is None or self.workflows is None:
+            return ()
+        return tuple(self.workflows.conflicts(plan.workflow.kind, plan.workflow.params))
+
+    def _commit(self, plan: CandidatePlan, version: int, cid: str,
+                rationale: str) -> tuple[ApplyResult, str | None, tuple[str, ...]]:
+        """Propose the plan's actions at ``version``; once accepted, start its workflow.
+
+        Returns the control plane's answer, the workflow id (if one started) and notes."""
+        result = self._propose(plan.actions, version, cid, rationale)
+        req = plan.workflow
+        if not result.accepted or req is None:
+            return result, None, ()
+        if self.workflows is None:
+            return result, None, (
+                f"no workflow engine attached: the runtime carries the {req.kind} through",)
+        wid = f"{req.kind}-{cid}"  # deterministic in simulations; unique per agent run
+        try:
+            wf = self.workflows.start(req.kind, req.params, correlation_id=cid,
+                                      workflow_id=wid if self.workflows.get(wid) is None else None)
+        except WorkflowError as exc:
+            self._audit("workflow", cid, plan=plan.id, kind=req.kind, started=False,
+                        reason=str(exc))
+            return result, None, (f"the {req.kind} workflow did not start: {exc}",)
+        except Exception as exc:  # the store refused the workflow row: the actions stand
+            log.exception("agent: workflow %s for %s did not start", req.kind, cid)
+            self._audit("workflow", cid, plan=plan.id, kind=req.kind, started=False,
+                        reason=f"{type(exc).__name__}: {exc}")
+            return result, None, (f"the {req.kind} workflow did not start: {exc}",)
+        self.stats.workflows += 1
+        self._audit("workflow", cid, plan=plan.id, kind=wf.kind, started=True, workflow=wf.id,
+                    params=dict(req.params))
+        return result, wf.id, (f"carried through by the {wf.kind} workflow {wf.id}",)
 
     @staticmethod
     def _known_plan(choice: Choice, candidates: Sequence[CandidatePlan],
@@ -373,7 +608,7 @@ class Agent:
 
     def _reason(self, cid: str, f: Finding, situation: Situation, choice: Choice | None,
                 wi: WhatIf | None, outcome: str, reasons: Sequence[str], attempt: int,
-                version: int | None = None) -> None:
+                version: int | None = None, workflow: str | None = None) -> None:
         w = f.subject if f.subject_kind == "workload" else None
         self._reason_record({
             "type": "agent-decision",
@@ -392,16 +627,17 @@ class Agent:
             "outcome": outcome,
             "reasons": list(reasons),
             "committed_version": version,
+            "workflow": workflow,
         })
 
     def _finish(self, cid: str, f: Finding, situation: Situation, choice: Choice | None,
                 wi: WhatIf | None, outcome: str, reasons: Sequence[str], attempt: int,
-                version: int | None = None) -> Outcome:
-        self._reason(cid, f, situation, choice, wi, outcome, reasons, attempt, version)
+                version: int | None = None, workflow: str | None = None) -> Outcome:
+        self._reason(cid, f, situation, choice, wi, outcome, reasons, attempt, version, workflow)
         plan_id = choice.plan_id if choice is not None else None
         self._audit("execute", cid, finding=f.id, plan=plan_id, outcome=outcome,
-                    reasons=list(reasons), committed_version=version)
-        return Outcome(cid, f.id, outcome, plan_id, tuple(reasons), version)
+                    reasons=list(reasons), committed_version=version, workflow=workflow)
+        return Outcome(cid, f.id, outcome, plan_id, tuple(reasons), version, workflow)
 
     # =============================================================== approval
     def pending(self) -> list[dict[str, Any]]:
@@ -416,27 +652,47 @@ class Agent:
         return p
 
     def approve(self, plan_id: str, *, actor: str = "operator") -> Outcome:
-        """Commit a pending plan: re-forecast on today's state, then propose it."""
-        with self.lock:
+        """Commit a pending plan: re-forecast on today's state, propose it, start its workflow.
+
+        The forecast runs on a snapshot with no lock held (an API request thread
+        calls this); if the state moves on before the proposal, it is forecast
+        again (up to ``max_attempts``)."""
+        cfg = self.config
+        with self._locked("approve"):
             p = self._take(plan_id)
             self._audit("approved", p.correlation_id, pending=plan_id, actor=actor)
-            wi = p.whatif
-            if self.config.whatif:
-                wi = self.whatif.what_if(p.plan) if (
-                    wi is None or wi.fork_version != self.cp.version) else wi
-                if not wi.better:
+        wi = p.whatif
+        for attempt in range(1, cfg.max_attempts + 1):
+            snap: Snapshot | None = None
+            with self._locked("snapshot"):
+                if cfg.whatif and (wi is None or wi.fork_version != self.cp.version):
+                    snap = self._snapshot()
+            if snap is not None:
+                wi = self.whatif.at(snap).what_if(p.plan)  # no lock held
+            with self._locked("act"):
+                if cfg.whatif and wi is not None and not wi.better:
                     return self._decide_after_approval(p, wi, "not-better", (
                         f"approved by {actor}, but on the current state: {wi.summary}",
                         *wi.plan.rejections[:5]))
-            result = self._propose(p.plan.actions, self.cp.version, p.correlation_id,
-                                   f"approved by {actor}: " + p.plan.summary)
-            if result.accepted:
-                return self._decide_after_approval(p, wi, "committed", (f"approved by {actor}",),
-                                                   result.version)
-            return self._decide_after_approval(p, wi, "rejected", tuple(result.reasons()))
+                conflicts = self._workflow_conflicts(p.plan)
+                if conflicts:
+                    return self._decide_after_approval(p, wi, "rejected", conflicts)
+                version = wi.fork_version if cfg.whatif and wi is not None else self.cp.version
+                result, workflow, notes = self._commit(
+                    p.plan, version, p.correlation_id, f"approved by {actor}: " + p.plan.summary)
+                if result.accepted:
+                    return self._decide_after_approval(
+                        p, wi, "committed", (f"approved by {actor}", *notes), result.version,
+                        workflow)
+                if not _stale(result) or attempt == cfg.max_attempts:
+                    if _stale(result):
+                        self.stats.stale += 1
+                    return self._decide_after_approval(p, wi, "rejected", tuple(result.reasons()))
+                self.stats.stale += 1
+        raise AssertionError("unreachable")  # the last attempt always decides
 
     def reject(self, plan_id: str, reason: str = "", *, actor: str = "operator") -> Outcome:
-        with self.lock:
+        with self._locked("approve"):
             p = self._take(plan_id)
             why = f"rejected by {actor}" + (f": {reason}" if reason else "")
             self._operator_feedback.setdefault(p.finding.id, []).append(
@@ -445,7 +701,8 @@ class Agent:
             return self._decide_after_approval(p, p.whatif, "operator-rejected", (why,))
 
     def _decide_after_approval(self, p: PendingPlan, wi: WhatIf | None, outcome: str,
-                               reasons: Sequence[str], version: int | None = None) -> Outcome:
+                               reasons: Sequence[str], version: int | None = None,
+                               workflow: str | None = None) -> Outcome:
         rec = {
             "type": "agent-decision",
             "agent": self.name,
@@ -463,20 +720,80 @@ class Agent:
             "outcome": outcome,
             "reasons": list(reasons),
             "committed_version": version,
+            "workflow": workflow,
             "pending": p.id,
         }
         self._reason_record(rec)
         self._audit("execute", p.correlation_id, finding=p.finding.id, plan=p.plan.id,
-                    outcome=outcome, reasons=list(reasons), committed_version=version)
-        out = Outcome(p.correlation_id, p.finding.id, outcome, p.plan.id, tuple(reasons), version)
+                    outcome=outcome, reasons=list(reasons), committed_version=version,
+                    workflow=workflow)
+        out = Outcome(p.correlation_id, p.finding.id, outcome, p.plan.id, tuple(reasons), version,
+                      workflow)
         self.outcomes.append(out)
         return out
 
+    # ============================================================= background
+    def start_background(self) -> None:
+        """Run rounds on the agent's own thread, when :meth:`background_tick` asks."""
+        if self._worker is not None:
+            return
+        self._stopping.clear()
+        # forecasts on this thread must not starve the engine thread's database I/O
+        self.whatif.pause = YieldGil()
+        self._worker = threading.Thread(target=self._work, name=f"mlwe-{self.name}", daemon=True)
+        self._worker.start()
+
+    def background_tick(self) -> None:
+        """The engine tick's share of a background agent (under the engine lock): note
+        the tick, take in telemetry, and ask for a round when one is due. Cheap."""
+        with self.lock:
+            self.ticks += 1
+            self.monitor.poll()
+            if not self.busy and self._due(self.cp.now()):
+                self._requested.set()
+
+    @property
+    def busy(self) -> bool:
+        """A background round runs or is asked for."""
+        return self._busy or self._requested.is_set()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no background round runs or is asked for (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _work(self) -> None:
+        while True:
+            self._requested.wait()
+            if self._stopping.is_set():
+                return
+            self._busy = True
+            self._requested.clear()
+            try:
+                self._round()
+            except Exception:  # a failed round is logged; the next one may do better
+                log.exception("agent %s: round failed", self.name)
+            finally:
+                self._busy = False
+
     def close(self) -> None:
-        self.monitor.detach()
-        for undo in self._detachers:
-            undo()
-        self._detachers.clear()
+        """Stop the background thread (a round in progress finishes without acting), detach."""
+        self._stopping.set()
+        self._requested.set()
+        if self._worker is not None:
+            self._worker.join(timeout=60)
+            self._worker = None
+        self._requested.clear()
+        self._busy = False
+        with self.lock:
+            self.monitor.detach()
+            for undo in self._detachers:
+                undo()
+            self._detachers.clear()
 
 
 def _rationale(choice: Choice) -> str:
@@ -490,6 +807,8 @@ def attach(
     reasoner: Reasoner | str | None = None,
     config: AgentConfig | None = None,
     name: str = "agent",
+    background: bool = True,
+    workflows: bool = True,
 ) -> Agent:
     """An agent driving a runtime engine (``mlwe.runtime.Engine``, duck-typed).
 
@@ -497,8 +816,21 @@ def attach(
     audited by the engine), reasoning records through
     ``engine.record_reasoning`` (stored, chained in the audit log, streamed on
     "reasoning"), the other steps into the engine's audit; the agent takes
-    telemetry from ``engine.telemetry_listeners`` and ticks in
-    ``engine.tick_hooks`` under the engine lock. ``agent.close()`` detaches it.
+    telemetry from ``engine.telemetry_listeners``.
+
+    ``workflows``: the engine's workflows are loaded from its store and ticked
+    (:func:`mlwe.agent.workflows.attach_workflows`: one in flight when the
+    engine stopped resumes now), and the agent carries its preemption and
+    failure-recovery plans through them.
+
+    ``background`` (the default): each engine tick only takes in telemetry and,
+    when an analysis is due, wakes the agent's own thread, which analyses,
+    deliberates and forecasts holding the engine lock only for its short
+    phases (see the module docstring). ``background=False``: the whole round
+    runs inside the tick hook under the engine lock (deterministic: tests and
+    engines ticked by hand).
+
+    ``agent.close()`` stops the thread and undoes all of it.
     """
 
     def propose(actions: Sequence[Action], version: int | None, cid: str, why: str) -> ApplyResult:
@@ -515,19 +847,33 @@ def attach(
             "agent", name, rec, workload=None, correlation_id=rec.get("correlation_id")
         )
 
+    wfe: WorkflowEngine | None = None
+    own_workflows = False
+    if workflows:
+        own_workflows = not isinstance(getattr(engine, "workflows", None), WorkflowEngine)
+        wfe = attach_workflows(engine)
     agent = Agent(engine.cp, reasoner=reasoner, mode=mode, config=config, propose=propose,
-                  reasoning_sink=reasoning, audit_sink=audit, lock=engine.lock, name=name)
+                  reasoning_sink=reasoning, audit_sink=audit, lock=engine.lock, name=name,
+                  workflows=wfe, run_id=uuid.uuid4().hex[:6])
 
     def on_sample(sample: Telemetry) -> None:
         agent.observe([sample])
 
     def on_tick(_engine: Any) -> None:
-        agent.tick()
+        if background:
+            agent.background_tick()
+        else:
+            agent.tick()
 
-    engine.telemetry_listeners.append(on_sample)
-    engine.tick_hooks.append(on_tick)
+    with engine.lock:
+        engine.telemetry_listeners.append(on_sample)
+        engine.tick_hooks.append(on_tick)
     agent._detachers += [
         lambda: engine.telemetry_listeners.remove(on_sample),
         lambda: engine.tick_hooks.remove(on_tick),
     ]
+    if own_workflows:
+        agent._detachers.append(lambda: detach_workflows(engine))
+    if background:
+        agent.start_background()
     return agent

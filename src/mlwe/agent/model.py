@@ -121,6 +121,22 @@ class Hazard:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkflowRequest:
+    """A multi-step workflow that carries a plan through once its actions are committed.
+
+    ``kind`` names a workflow definition (``reschedule``, ``recover``) and
+    ``params`` its parameters (see :mod:`mlwe.agent.workflows`). The plan's
+    actions are the first, verified step (proposed at the version the plan was
+    decided on); the workflow then waits, confirms and compensates."""
+
+    kind: str
+    params: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_dict({"kind": self.kind, "params": dict(self.params)})
+
+
+@dataclass(frozen=True, slots=True)
 class CandidatePlan:
     """A strategy's proposal: typed actions plus why, and the factors a reasoner weighs.
 
@@ -137,6 +153,8 @@ class CandidatePlan:
     factors: Mapping[str, float] = field(default_factory=dict)
     #: hazards that applying this plan removes (the what-if plays the rest)
     clears: tuple[str, ...] = ()  # workload ids whose hazards the plan removes
+    #: the workflow that carries the plan through after its actions commit (None: none)
+    workflow: WorkflowRequest | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_dict(
@@ -149,6 +167,7 @@ class CandidatePlan:
                 "rationale": list(self.rationale),
                 "factors": dict(self.factors),
                 "clears": list(self.clears),
+                "workflow": self.workflow.to_dict() if self.workflow is not None else None,
             }
         )
 

@@ -26,6 +26,7 @@ from mlwe.agent.loop import Agent, AgentConfig
 from mlwe.agent.model import Mode
 from mlwe.agent.reasoners.base import Reasoner
 from mlwe.agent.simdrive import SimDriver, release_with_checkpoint
+from mlwe.agent.workflows import WorkflowEngine
 from mlwe.core.actions import Exited, Submit
 from mlwe.core.backend import StartCommand, Telemetry
 from mlwe.core.cluster import build_control_plane
@@ -230,13 +231,21 @@ def run_world(
     drv = SimDriver(kernel, rec, backend)
     agent = None
     if with_agent:
-        agent = Agent(cp, reasoner=reasoner, mode=mode,
+        # the agent carries preemption and recovery plans through workflows, as in the
+        # runtime (there the engine's store keeps them; here they live in memory)
+        flows = WorkflowEngine(cp, scheduler=rec.scheduler)
+        agent = Agent(cp, reasoner=reasoner, mode=mode, workflows=flows,
                       config=AgentConfig(min_interval_s=tick_s))
 
         def hook(_t: float) -> None:
             assert agent is not None
             agent.observe(backend.drain_telemetry())
             agent.tick()
+            flows.tick()
+            rec.dirty = True  # a workflow step may have placed or retried something
+            wake_at = flows.next_wakeup()
+            if wake_at is not None and wake_at > kernel.clock.t:
+                kernel.at(wake_at, lambda _: None)
 
         drv.hooks.append(hook)
 
@@ -508,6 +517,7 @@ def evaluate(
                 "outcomes": _count(o.outcome for o in agent_run.agent.outcomes),
                 "forecasts": agent_run.agent.whatif.runs,
                 "analyses": agent_run.agent.analyses,
+                "workflows": _workflows(agent_run.agent),
             },
             "wall_s": round(agent_run.wall_s + base_run.wall_s, 3),
         })
@@ -520,6 +530,17 @@ def evaluate(
         "score": round(sum(r["score"] for r in results) / len(results), 3) if results else 0.0,
         "scenarios": results,
     }
+
+
+def _workflows(agent: Agent) -> list[dict[str, Any]]:
+    """The workflows the agent's plans ran: kind, status, steps done, summary or error."""
+    flows = agent.workflows
+    if flows is None:
+        return []
+    return [{"id": wf.id, "kind": wf.kind, "status": wf.status,
+             "steps": [e["step"] for e in wf.log if e["event"] == "step-done"],
+             "summary": wf.data.get("summary") or wf.data.get("error")}
+            for wf in flows.workflows()]
 
 
 def _count(xs: Any) -> dict[str, int]:

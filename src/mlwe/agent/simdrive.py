@@ -37,17 +37,22 @@ def release_with_checkpoint(backend: SimBackend, arg: tuple[str, int]) -> bool:
 
 
 class SimDriver:
-    def __init__(self, kernel: Kernel, reconciler: Reconciler, backend: SimBackend) -> None:
+    def __init__(self, kernel: Kernel, reconciler: Reconciler, backend: SimBackend,
+                 pause: Callable[[], None] | None = None) -> None:
         self.kernel = kernel
         self.rec = reconciler
         self.backend = backend
         self.hooks: list[Callable[[float], None]] = []
+        #: called before each step (a forecast on a background thread lets others run)
+        self.pause = pause
         self._wakeups: set[float] = set()
 
     def _noop(self, _: Any) -> None:
         return None
 
     def _on_quiet(self, t: float) -> None:
+        if self.pause is not None:
+            self.pause()
         rec, backend, kernel = self.rec, self.backend, self.kernel
         while True:
             rec.handle(backend.poll())

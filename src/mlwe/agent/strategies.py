@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from mlwe.agent.model import CandidatePlan, Finding, Hazard
+from mlwe.agent.model import CandidatePlan, Finding, Hazard, WorkflowRequest
 from mlwe.agent.triggers import SERVICE_LABEL, Context
 from mlwe.core.actions import (
     Action,
@@ -34,7 +34,7 @@ from mlwe.core.actions import (
     Submit,
 )
 from mlwe.core.capacity import FULL
-from mlwe.core.lifecycle import HOLDING, QUEUED, State
+from mlwe.core.lifecycle import HOLDING, QUEUED, TERMINAL, State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import accepted_models
 from mlwe.core.policies.placement import BestFit
@@ -46,6 +46,11 @@ MAX_AGENT_PRIORITY = 999
 
 
 class Strategy(Protocol):
+    """A plan maker. The agent loop calls ``plan`` with no lock held: ``ctx.cp`` is a
+    private snapshot of the state (read it freely); leave ``ctx.monitor`` alone (the
+    engine updates it meanwhile; what a strategy needs of it is in the finding's
+    evidence)."""
+
     name: str
     handles: frozenset[str]  # trigger names
 
@@ -53,7 +58,8 @@ class Strategy(Protocol):
 
 
 def _plan(strategy: str, f: Finding, variant: str, actions: Sequence[Action], summary: str,
-          rationale: Sequence[str], clears: Sequence[str] = (), **factors: float) -> CandidatePlan:
+          rationale: Sequence[str], clears: Sequence[str] = (),
+          workflow: WorkflowRequest | None = None, **factors: float) -> CandidatePlan:
     return CandidatePlan(
         id=f"{strategy}/{variant}:{f.subject}",
         strategy=strategy,
@@ -63,7 +69,26 @@ def _plan(strategy: str, f: Finding, variant: str, actions: Sequence[Action], su
         rationale=tuple(rationale),
         factors={k: round(min(1.0, max(0.0, v)), 4) for k, v in factors.items()},
         clears=tuple(clears),
+        workflow=workflow,
     )
+
+
+def reschedule(preemptor: str, victims: Sequence[str]) -> WorkflowRequest | None:
+    """The workflow that carries a preemption through (None when nobody is preempted):
+    wait for the victims' checkpoints, confirm the release, see the preemptor placed,
+    started and running, and resume the victims if it cannot start."""
+    if not victims:
+        return None
+    return WorkflowRequest("reschedule", {"preemptor": preemptor, "victims": list(victims)})
+
+
+def recover(workload: str, bad_nodes: Sequence[str] = ()) -> WorkflowRequest:
+    """The workflow that sees a failing workload through: retry with exponential
+    backoff, move it off the nodes it failed on, give up to a dead letter and an alert."""
+    params: dict[str, Any] = {"workload": workload}
+    if bad_nodes:
+        params["bad_nodes"] = list(bad_nodes)
+    return WorkflowRequest("recover", params)
 
 
 def _workload(ctx: Context, f: Finding) -> Workload | None:
@@ -164,6 +189,7 @@ class Reprioritise:
                 [f"holders at priority <= {p} free enough for {need:g} unit(s)",
                  f"victims chosen by {ctx.scheduler.preemption.name}: cheapest valid set",
                  f"about {_work_at_risk_h(victims, now):.2f} GPU-hours of work at risk"],
+                workflow=reschedule(w.id, [v.id for v in victims]),
                 benefit=0.9 if deadline else 0.6, cost=cost + 0.1 * len(victims),
                 risk=0.3, confidence=0.8,
             ))
@@ -228,7 +254,10 @@ class RequeueMoreMemory:
             acts,
             f"requeue {w.id} with {target} MiB of memory per replica (was {req} MiB)",
             [f"triage: {f.summary}",
-             f"peak memory seen {peak:.0f} MiB" if peak else "no memory telemetry: 1.5x the request"],
+             f"peak memory seen {peak:.0f} MiB" if peak else "no memory telemetry: 1.5x the request",
+             "then the recover workflow: retry with backoff, move off its nodes, or give up"
+             " to a dead letter and an alert"],
+            workflow=recover(w.id),
             benefit=0.9, cost=0.1 + 0.2 * (target - req) / max(target, 1), risk=0.2,
             confidence=0.85 if peak else 0.6,
         )]
@@ -266,11 +295,16 @@ class CordonNode:
         nodes = [n for n in nodes if n in cp.capacity and cp.capacity.status(n) is NodeStatus.READY]
         if not nodes:
             return []
+        w = _workload(ctx, f) if f.trigger == "repeated-failures" else None
+        flow = recover(w.id, nodes) if w is not None and w.state not in TERMINAL else None
         return [_plan(
             self.name, f, "cordon",
             [SetNodeStatus(n, NodeStatus.CORDONED, f"agent: {f.trigger}") for n in nodes],
-            f"cordon {', '.join(nodes)}: take no new work there until an operator clears it",
-            [f.summary],
+            f"cordon {', '.join(nodes)}: take no new work there until an operator clears it"
+            + (f"; recover {w.id} elsewhere" if flow is not None and w is not None else ""),
+            [f.summary] + (["then the recover workflow retries it off those nodes (backoff),"
+                            " or gives up to a dead letter and an alert"] if flow else []),
+            workflow=flow,
             benefit=0.6, cost=0.2, risk=0.2, confidence=0.7,
         )]
 

@@ -13,10 +13,14 @@ exception):
 - ``what_if(plan_id | actions, horizon_s)``: the plan and doing nothing played
   forward on a fork of the state in the simulator;
 - ``propose(plan_id | actions, rationale)``: register the plan the reasoner
-  wants; it is verified on a fork, and only the loop may commit it (through
-  the control plane, which verifies it again).
+  wants; it is verified on a fork of the state the tools read (by the
+  forecaster, or by the tools themselves when none is attached), and only the
+  loop may commit it (through the control plane, which verifies it again).
 
-Nothing here calls ``ControlPlane.apply`` on the live control plane.
+Nothing here calls ``ControlPlane.apply`` on the live control plane. The
+``cp`` the tools read may itself be a private snapshot of the live state (the
+agent loop passes one, so a reasoner deliberates without holding the engine's
+lock).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from mlwe.agent.codec import ActionError, action_from_dict
 from mlwe.agent.model import CandidatePlan, Finding, WhatIf, json_dict
 from mlwe.agent.reasoners.base import ToolCall
 from mlwe.agent.telemetry import TelemetryWindow
+from mlwe.agent.whatif import verify_on_fork
 from mlwe.core.actions import Action
+from mlwe.core.backend import Telemetry
 from mlwe.core.controlplane import ControlPlane
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload
@@ -44,6 +50,19 @@ class Forecaster(Protocol):
     def verify(self, actions: Sequence[Action]) -> tuple[str, ...]:
         """Rejection reasons of ``actions`` on a fork of the live state (empty: accepted)."""
         ...
+
+
+class TelemetryReader(Protocol):
+    """What the tools read telemetry from (a :class:`TelemetryWindow`, or a locked view of one)."""
+
+    def samples(
+        self,
+        *,
+        workload: str | None = None,
+        node: str | None = None,
+        metric: str | None = None,
+        last: int | None = None,
+    ) -> list[Telemetry]: ...
 
 
 class ToolError(ValueError):
@@ -228,7 +247,7 @@ class AgentTools:
         self,
         cp: ControlPlane,
         *,
-        telemetry: TelemetryWindow | None = None,
+        telemetry: TelemetryReader | None = None,
         candidates: Sequence[CandidatePlan] = (),
         findings: Sequence[Finding] = (),
         forecaster: Forecaster | None = None,
@@ -236,7 +255,7 @@ class AgentTools:
         max_calls: int = 64,
     ) -> None:
         self.cp = cp
-        self.telemetry = telemetry or TelemetryWindow()
+        self.telemetry: TelemetryReader = telemetry or TelemetryWindow()
         self.candidates: dict[str, CandidatePlan] = {c.id: c for c in candidates}
         self.findings = tuple(findings)
         self.forecaster = forecaster
@@ -382,20 +401,25 @@ class AgentTools:
         actions: list[Any] | None = None,
     ) -> dict[str, Any]:
         plan = self._plan_from(plan_id, actions, rationale)
-        rejections: tuple[str, ...] = ()
         if self.forecaster is not None:
             rejections = self.forecaster.verify(plan.actions)
+            checked = "the forecaster's fork"
+        else:
+            rejections = verify_on_fork(self.cp, plan.actions)
+            checked = "a fork of the state these tools read (no forecaster attached)"
         # the latest proposal is the reasoner's choice; proposing one again moves it last
         self.proposals = [p for p in self.proposals if p.id != plan.id]
         self.proposals.append(plan)
         self.rationales[plan.id] = rationale
         ok = not rejections
         self._log("propose", {"plan_id": plan_id, "actions": actions, "rationale": rationale},
-                  ok, "verified on a fork" if ok else "; ".join(rejections))
+                  ok, (f"verified on {checked}" if ok
+                       else f"rejected on {checked}: " + "; ".join(rejections)))
         return {
             "ok": ok,
             "proposal_id": plan.id,
             "verified": ok,
+            "verified_on": checked,
             "rejections": list(rejections),
             "note": "the loop forecasts and commits (or asks an operator); nothing changed yet",
         }
@@ -404,3 +428,4 @@ class AgentTools:
     def proposed(self) -> CandidatePlan | None:
         """The last plan proposed through ``propose`` (what an LLM reasoner chose)."""
         return self.proposals[-1] if self.proposals else None
+

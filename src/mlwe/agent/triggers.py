@@ -618,6 +618,12 @@ class Analyzer:
             if t.schedule.cron:
                 self._next_cron[t.name] = croniter(t.schedule.cron, start).get_next(float)
         self.runs: dict[str, int] = {t.name: 0 for t in self.triggers}
+        self._forced: set[str] = set()
+
+    def again(self, name: str) -> None:
+        """Run trigger ``name`` at the next analysis whatever its schedule says (its
+        finding was not decided: a plan made on it went stale)."""
+        self._forced.add(name)
 
     def due(self, now: float, new_samples: int, new_events: int) -> list[Trigger]:
         out = []
@@ -625,7 +631,8 @@ class Analyzer:
             s = t.schedule
             last = self.last_run.get(t.name)
             why = (
-                (s.on_telemetry and new_samples > 0)
+                t.name in self._forced
+                or (s.on_telemetry and new_samples > 0)
                 or (s.on_events and new_events > 0)
                 or (s.every_s is not None and (last is None or now - last >= s.every_s))
                 or (s.cron is not None and now >= self._next_cron[t.name])
@@ -639,6 +646,7 @@ class Analyzer:
         findings: list[Finding] = []
         ran = []
         for t in self.due(now, new_samples, new_events):
+            self._forced.discard(t.name)
             self.last_run[t.name] = now
             self.runs[t.name] += 1
             if t.schedule.cron:

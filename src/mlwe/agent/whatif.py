@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +116,12 @@ def fork_state(cp: ControlPlane, clock: Any) -> ControlPlane:
 
 def _discard(_: DecisionRecord) -> None:
     return None
+
+
+def verify_on_fork(cp: ControlPlane, actions: Sequence[Action]) -> tuple[str, ...]:
+    """The reasons ``cp`` would reject ``actions`` with, found on a fork (empty: accepted)."""
+    fork = fork_state(cp, _Frozen(cp.now()))
+    return tuple(fork.apply(list(actions), cause_id="what-if:verify").reasons())
 
 
 # ===================================================================== backend
@@ -330,9 +337,30 @@ def score(kpis: dict[str, float], w: ScoreWeights) -> tuple[float, dict[str, flo
     return sum(terms.values()), {k: round(v, 6) for k, v in terms.items()}
 
 
+# ==================================================================== snapshot
+@dataclass(frozen=True)
+class Snapshot:
+    """A private copy of the live state, taken under the caller's lock (a cheap copy).
+
+    Forecasts, verification and the tools read it with no lock held: nothing
+    else holds a reference to ``cp``, and its clock stands still at ``time``.
+    What the agent believes (hazards) and expects (arrivals) is captured with it."""
+
+    cp: ControlPlane
+    version: int  # the live version it was taken at: a plan decided on it proposes that
+    time: float
+    hazards: tuple[Hazard, ...] = ()
+    arrivals: tuple[tuple[float, WorkloadSpec], ...] = ()
+
+
 # ====================================================================== engine
 class WhatIfEngine:
-    """Forks the live state and plays futures on it; implements the tools' Forecaster."""
+    """Forks the live state and plays futures on it; implements the tools' Forecaster.
+
+    Without ``base``, each call forks the live control plane (the caller holds
+    whatever lock guards it, for the whole call). With ``base`` (a
+    :class:`Snapshot` from :meth:`snapshot`), every call works on that private
+    copy and needs no lock: :meth:`at` returns such a bound forecaster."""
 
     def __init__(
         self,
@@ -350,23 +378,40 @@ class WhatIfEngine:
         #: expected arrivals (seconds from now, spec): recurring streams seen lately
         self.arrivals = arrivals or (lambda: ())
         self.runs = 0
-        self._cache: dict[tuple[int, str, float], Forecast] = {}
+        self.forecast_s = 0.0  # time spent playing futures, in total
+        #: called between the steps of a forecast (see :class:`YieldGil`); None: never
+        self.pause: Callable[[], None] | None = None
+        self._cache: dict[tuple[Any, ...], Forecast] = {}
+
+    # ------------------------------------------------------------- snapshot
+    def snapshot(self) -> Snapshot:
+        """Copy the live state (call under the lock that guards it; it is quick)."""
+        now = self.cp.now()
+        return Snapshot(fork_state(self.cp, _Frozen(now)), self.cp.version, now,
+                        tuple(self.hazards()), tuple(self.arrivals()))
+
+    def at(self, base: Snapshot) -> SnapshotForecaster:
+        """A forecaster working on ``base`` only (no lock needed)."""
+        return SnapshotForecaster(self, base)
 
     # ------------------------------------------------------------- protocol
-    def verify(self, actions: Sequence[Action]) -> tuple[str, ...]:
-        fork = fork_state(self.cp, _Frozen(self.cp.now()))
-        r = fork.apply(list(actions), cause_id="what-if:verify")
-        return tuple(r.reasons())
+    def verify(self, actions: Sequence[Action], *, base: Snapshot | None = None) -> tuple[str, ...]:
+        return verify_on_fork(base.cp if base is not None else self.cp, actions)
 
-    def what_if(self, plan: CandidatePlan, horizon_s: float | None = None) -> WhatIf:
+    def what_if(
+        self, plan: CandidatePlan, horizon_s: float | None = None, *, base: Snapshot | None = None
+    ) -> WhatIf:
         cfg = self.config
         h = horizon_s or cfg.horizon_s
-        hazards = tuple(self.hazards())
-        key = (self.cp.version, "nothing", h)
+        if base is not None:
+            hazards, version, t0 = base.hazards, base.version, base.time
+        else:
+            hazards, version, t0 = tuple(self.hazards()), self.cp.version, self.cp.now()
+        key = (version, t0, h, hazards)
         nothing = self._cache.get(key)
         if nothing is None:
-            nothing = self._cache[key] = self.forecast((), hazards, h, "nothing")
-        plan_fc = self.forecast(plan.actions, hazards, h, "plan", clears=plan.clears)
+            nothing = self._cache[key] = self.forecast((), hazards, h, "nothing", base=base)
+        plan_fc = self.forecast(plan.actions, hazards, h, "plan", clears=plan.clears, base=base)
         need = max(cfg.margin_abs, cfg.margin_rel * abs(nothing.score))
         better = plan_fc.verified and plan_fc.score < nothing.score - need
         if not plan_fc.verified:
@@ -379,7 +424,7 @@ class WhatIfEngine:
             )
         if len(self._cache) > 64:
             self._cache.clear()
-        return WhatIf(plan.id, plan_fc, nothing, better, need, summary, self.cp.version)
+        return WhatIf(plan.id, plan_fc, nothing, better, need, summary, version)
 
     # -------------------------------------------------------------- forecast
     def forecast(
@@ -389,12 +434,30 @@ class WhatIfEngine:
         horizon_s: float,
         label: str,
         clears: Sequence[str] = (),
+        *,
+        base: Snapshot | None = None,
+    ) -> Forecast:
+        started = time.perf_counter()
+        try:
+            return self._forecast(actions, hazards, horizon_s, label, clears, base)
+        finally:
+            self.forecast_s += time.perf_counter() - started
+
+    def _forecast(
+        self,
+        actions: Sequence[Action],
+        hazards: Sequence[Hazard],
+        horizon_s: float,
+        label: str,
+        clears: Sequence[str],
+        base: Snapshot | None,
     ) -> Forecast:
         cfg = self.config
         self.runs += 1
-        t0 = self.cp.now()
+        src = base.cp if base is not None else self.cp
+        t0 = base.time if base is not None else self.cp.now()
         kernel = Kernel(start=t0)
-        fork = fork_state(self.cp, kernel.clock)
+        fork = fork_state(src, kernel.clock)
         overloads = {h.workload: h.replicas or 1 for h in hazards if h.kind == "overload"}
         tracker = _Tracker(fork, t0, overloads)
         tracker.threshold = cfg.starve_threshold_s
@@ -436,7 +499,7 @@ class WhatIfEngine:
         rec = Reconciler(fork, self.scheduler_factory(), grace_s=cfg.grace_s,
                          retry_base_s=cfg.retry_base_s)
         rec.resume()
-        drv = SimDriver(kernel, rec, backend)
+        drv = SimDriver(kernel, rec, backend, pause=self.pause)
         drv.start()
         end = t0 + horizon_s
 
@@ -446,7 +509,8 @@ class WhatIfEngine:
             fork.apply([Submit(spec)], cause_id="what-if:arrival")
             rec.dirty = True
 
-        for offset, spec in self.arrivals():
+        arrivals = base.arrivals if base is not None else tuple(self.arrivals())
+        for offset, spec in arrivals:
             if 0 <= offset < horizon_s and spec.id not in fork.workloads:
                 kernel.at(t0 + offset, arrive, spec)
         drv.run(end)
@@ -504,6 +568,48 @@ class WhatIfEngine:
         }
 
 
+class YieldGil:
+    """Lets other threads run during a long computation on a background thread.
+
+    A thread computing in pure Python holds the GIL; another thread that waits
+    on I/O (the engine flushing to its database, statement by statement) must
+    win the GIL back after each call, and waits up to the interpreter's switch
+    interval (5 ms) every time: a flush of a hundred statements then takes
+    half a second. Called between forecast steps, this sleeps ``sleep_s``
+    once at least ``every_s`` has passed since it last did, so the waiting
+    thread gets the GIL within about ``every_s`` (at a cost of roughly
+    ``sleep_s / every_s`` of the computation's speed)."""
+
+    def __init__(self, every_s: float = 0.002, sleep_s: float = 0.0002) -> None:
+        self.every_s = every_s
+        self.sleep_s = sleep_s
+        self._last = time.perf_counter()
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now - self._last >= self.every_s:
+            time.sleep(self.sleep_s)
+            self._last = time.perf_counter()
+
+
+class SnapshotForecaster:
+    """The what-if engine bound to one :class:`Snapshot` (the tools' Forecaster)."""
+
+    def __init__(self, engine: WhatIfEngine, base: Snapshot) -> None:
+        self.engine = engine
+        self.base = base
+
+    @property
+    def version(self) -> int:
+        return self.base.version
+
+    def what_if(self, plan: CandidatePlan, horizon_s: float | None = None) -> WhatIf:
+        return self.engine.what_if(plan, horizon_s, base=self.base)
+
+    def verify(self, actions: Sequence[Action]) -> tuple[str, ...]:
+        return self.engine.verify(actions, base=self.base)
+
+
 class _Frozen:
     """A clock that stays at one time (verification forks do not move)."""
 
@@ -517,8 +623,12 @@ class _Frozen:
 __all__ = [
     "ForecastBackend",
     "ScoreWeights",
+    "Snapshot",
+    "SnapshotForecaster",
     "WhatIfConfig",
     "WhatIfEngine",
+    "YieldGil",
     "fork_state",
     "state_digest",
+    "verify_on_fork",
 ]

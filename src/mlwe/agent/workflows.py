@@ -36,13 +36,20 @@ operations (look first, act only if the effect is missing, go back a step if
 an earlier effect was lost), so a crash anywhere resumes at the right step:
 :meth:`WorkflowEngine.load` rebuilds the engine from the store.
 
-Wiring into the runtime (``mlwe.runtime.Engine``; call ``start``/``cancel``
-under ``engine.lock``, the tick hook already runs under it)::
+Wiring into the runtime (``mlwe.runtime.Engine``) is :func:`attach_workflows`
+(``mlwe.agent.loop.attach``, which ``mlwe serve`` uses, calls it): it loads the
+workflows from the engine's store, so one in flight when the engine stopped
+resumes, and ticks them in the engine's tick hooks (call ``start``/``cancel``
+under ``engine.lock``; the hook already runs under it). By hand it amounts to::
 
     workflows = WorkflowEngine.load(
         engine.cp, engine.repo, scheduler=engine.scheduler, audit=engine.audit,
-        proposer=AuditingProposer(engine.cp, engine.writer.note_audit))
+        proposer=AuditingProposer(engine.cp, engine.writer.note_audit), autoflush=False)
     engine.tick_hooks.append(workflows.tick_hook())  # stores the last tick, then ticks
+
+The agent starts ``reschedule`` for its preemption plans and ``recover`` for
+repeated failures, after committing the plan's first actions itself (the
+first step then finds the preemption under way and adopts it).
 
 In the runtime the scheduling cycle runs before the hooks, so the scheduler
 may place a released preemptor or a retried workload before a step does;
