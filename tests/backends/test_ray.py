@@ -319,6 +319,7 @@ def test_a_program_ignoring_sigterm_is_killed_after_the_grace_and_ray_confirms_i
         assert _running(d.prefix, "stubborn") == []
         (fig,) = d.backend.stop_figures
         assert fig["grace_s"] == 1.0 and fig["forced"] == 1.0
+        assert d.rec.rejected == []  # no fact the control plane had to refuse
     finally:
         d.close()
 
@@ -344,6 +345,7 @@ def test_commands_are_idempotent_by_request_id(driver: Driver) -> None:
         driver.step()
     assert len([f for f in driver.facts("once") if isinstance(f, Started)]) == 1
     assert len([f for f in driver.facts("once") if isinstance(f, Released)]) == 1
+    assert driver.rec.rejected == []
     # a stop for an attempt Ray never ran: nothing holds resources, released at once
     driver.backend.send([StopCommand("stop:ghost:3:cancel", "ghost", 3, 5.0, "cancel")])
     events = driver.backend.poll()

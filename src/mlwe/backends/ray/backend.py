@@ -171,6 +171,7 @@ class _Replica:
     wait_ref: Any = None
     stop_ref: Any = None
     sample_ref: Any = None
+    drain_refs: list[Any] = field(default_factory=list)  # last samples before the teardown
     probe_ref: Any = None
     reap_ref: Any = None
     pid: int | None = None
@@ -682,8 +683,9 @@ class RayBackend:
             live = [r for r in att.replicas if r.actor is not None and r.died is None]
             if live:
                 for r in live:
-                    if r.sample_ref is None:
-                        r.sample_ref = r.actor.sample.remote()
+                    # a periodic sample still pending may predate the exit: ask once more
+                    r.drain_refs = [x for x in (r.sample_ref, r.actor.sample.remote()) if x]
+                    r.sample_ref = None
                 att.teardown_force = force
                 att.phase = _Phase.DRAINING
                 att.since = time.monotonic()
@@ -753,8 +755,7 @@ class RayBackend:
                 for r in (rep.start_ref, rep.wait_ref, rep.stop_ref, rep.probe_ref, rep.reap_ref):
                     if r is not None:
                         refs.append(r)
-                if att.phase is _Phase.DRAINING and rep.sample_ref is not None:
-                    refs.append(rep.sample_ref)
+                refs.extend(rep.drain_refs)
         for warm in self._pool_entries():
             if warm.ready_ref is not None:
                 refs.append(warm.ready_ref)
@@ -816,16 +817,16 @@ class RayBackend:
             self._advance_confirming(att, ready, now)
 
     def _advance_draining(self, att: _Attempt, ready: set[Any], now: float) -> None:
-        pending = [r for r in att.replicas if r.sample_ref is not None and r.died is None]
-        waited = now - att.since
-        if any(r.sample_ref not in ready for r in pending) and waited < DRAIN_TIMEOUT_S:
+        pending = [ref for r in att.replicas for ref in r.drain_refs]
+        if any(ref not in ready for ref in pending) and now - att.since < DRAIN_TIMEOUT_S:
             return
-        for r in pending:
-            if r.sample_ref in ready:
-                ok, value = self._get(r.sample_ref)
-                if ok:
-                    self._take_sample(att, r, value, self.clock.now())
-            r.sample_ref = None
+        for r in att.replicas:
+            for ref in r.drain_refs:  # in the order asked: the last one saw the end
+                if ref in ready:
+                    ok, value = self._get(ref)
+                    if ok:
+                        self._take_sample(att, r, value, self.clock.now())
+            r.drain_refs = []
         self._begin_teardown(att, force=att.teardown_force, drain=False)
 
     def _advance_spawning(self, att: _Attempt, ready: set[Any], now: float) -> None:
@@ -1163,14 +1164,19 @@ class RayBackend:
         metrics["replica"] = float(rep.index)
         metrics["attempt"] = float(att.attempt)
         self._telemetry.append(Telemetry(now, rep.node, att.workload, metrics, declared))
-        if rep.index == 0:  # progress is the first replica's (rank 0) to tell
-            for msg in value.get("reports") or ():
-                p = msg.get("progress")
-                if msg.get("checkpoint") and isinstance(p, int | float) and 0.0 <= p <= 1.0:
-                    att.checkpoint_progress = float(p)
+        # progress is the first replica's (rank 0) to tell, and only while it runs: once a
+        # stop is asked, what was saved travels in Released
+        if rep.index != 0:
+            return metrics
+        for msg in value.get("reports") or ():
+            p = msg.get("progress")
+            if msg.get("checkpoint") and isinstance(p, int | float) and 0.0 <= p <= 1.0:
+                att.checkpoint_progress = float(p)
+                if not att.stop_requested:
                     att.progress_sent = float(p)
                     self._emit(Progress(att.workload, att.attempt, float(p), checkpointed=True),
                                att.correlation_id)
+        if not att.stop_requested:
             p = value.get("progress")
             if isinstance(p, int | float) and 0.0 <= p <= 1.0 and (
                 p - att.progress_sent >= self.config.progress_step
