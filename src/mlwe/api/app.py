@@ -27,7 +27,7 @@ from fastapi.staticfiles import StaticFiles
 
 from mlwe.api import errors
 from mlwe.api.auth import Principal, Role, TokenStore, declared_role, requires
-from mlwe.api.context import ApiContext, ApiSettings, get_ctx
+from mlwe.api.context import ApiContext, ApiSettings
 from mlwe.api.metrics import ApiMetrics, RequestMetrics
 from mlwe.api.models import Health
 from mlwe.api.relay import DecisionRelay
@@ -101,7 +101,7 @@ def create_app(
         responses={503: {"model": Health, "description": "not ready"}},
     )
     def readyz(request: Request) -> Response:
-        c = get_ctx(request)
+        c: ApiContext = request.app.state.ctx
         h = c.engine.health()
         ready = h.get("status") == "ok" and bool(h.get("loop_running"))
         checks = {
@@ -119,7 +119,7 @@ def create_app(
         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
     )
     def prometheus(request: Request, principal: Annotated[Principal, requires(Role.VIEWER)]) -> Response:
-        data = get_ctx(request).metrics.render()
+        data = request.app.state.ctx.metrics.render()
         return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/", include_in_schema=False)

@@ -23,9 +23,10 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Engine, insert, select, update
 
 from mlwe.store.schema import api_tokens
@@ -80,6 +81,9 @@ class TokenInfo:
     role: Role
     created: float
     revoked: bool
+
+
+_MISS = object()
 
 
 def hash_token(token: str) -> str:
@@ -143,6 +147,16 @@ class TokenStore:
     def count_active(self) -> int:
         return sum(1 for t in self.list() if not t.revoked)
 
+    def cached(self, token: str) -> Principal | object | None:
+        """The cached answer for ``token`` (a principal or None), or ``_MISS``."""
+        if not _TOKEN_RE.match(token):
+            return None
+        with self._lock:
+            hit = self._cache.get(hash_token(token))
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        return _MISS
+
     def verify(self, token: str) -> Principal | None:
         """The principal of a valid, unrevoked token; None for anything else."""
         if not _TOKEN_RE.match(token):
@@ -179,7 +193,9 @@ class RoleGuard:
     def __init__(self, role: Role) -> None:
         self.role = role
 
-    def __call__(self, request: Request) -> Principal:
+    async def __call__(self, request: Request) -> Principal:
+        # async so a request does not hop to a worker thread just to be authenticated; a
+        # token missing from the cache is looked up in the database on a worker thread
         store: TokenStore = request.app.state.tokens
         header = request.headers.get("authorization", "")
         scheme, _, value = header.partition(" ")
@@ -189,7 +205,11 @@ class RoleGuard:
                 detail="missing bearer token (send 'Authorization: Bearer <token>')",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        principal = store.verify(value.strip())
+        token = value.strip()
+        hit = store.cached(token)
+        principal = (
+            await run_in_threadpool(store.verify, token) if hit is _MISS else cast(Principal | None, hit)
+        )
         if principal is None:
             raise HTTPException(
                 status_code=401,

@@ -46,6 +46,8 @@ class ApiContext:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def get_ctx(request: Request) -> ApiContext:
+async def get_ctx(request: Request) -> ApiContext:
+    # async: FastAPI runs plain-def dependencies on a worker thread, a hop per request
+
     ctx: ApiContext = request.app.state.ctx
     return ctx
