@@ -137,6 +137,13 @@ def test_dashboard_shows_a_preemption_in_all_four_panels(server: tuple[Api, str]
                 expect(page.locator(f"{panel} .match").first).to_be_visible(timeout=10_000)
             expect(page.locator(f"#wl-{victim}")).to_have_class(re.compile("match"))
             expect(page.locator("#wl-xss-probe")).not_to_have_class(re.compile("match"))
+            # an operator cordons a node from the map
+            page.fill("#filter", "")
+            page.hover("#node-t4-0")
+            page.click("#node-t4-0 button[data-action=cordon]")
+            expect(page.locator("#node-t4-0 .nstatus")).to_have_text("cordoned", timeout=10_000)
+            assert api.engine.cp.node_status("t4-0").value == "cordoned"
+            page.fill("#filter", urgent)
             time.sleep(0.5)  # one more render for the picture
             shot = ARTIFACTS / "dashboard-preemption.png"
             page.screenshot(path=str(shot), full_page=True)

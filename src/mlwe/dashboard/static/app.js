@@ -28,6 +28,7 @@
     dirty: new Set(["map", "deadlines", "telemetry", "workloads", "reasoning", "audit", "kpis"]),
     audit: [],
     traces: [],
+    approvals: [],
     teleEvents: [],
     related: new Map(), // correlation id or workload -> Set(workload ids) in the same story
   };
@@ -63,6 +64,7 @@
     return S.snapshot.now + (performance.now() - S.snapshotAt) / 1000;
   }
   function mark(...panels) { for (const p of panels) S.dirty.add(p); }
+  function canOperate() { return S.role === "operator" || S.role === "admin"; }
 
   // ------------------------------------------------------------------ auth
   function loadToken() {
@@ -126,7 +128,26 @@
     for (const n of scope.querySelectorAll("[data-workload]")) n.classList.toggle("match", matches(n));
   }
   $("filter").addEventListener("input", (e) => { S.filter = e.target.value.trim(); applyFilter(); });
-  document.addEventListener("click", (e) => {
+  document.addEventListener("click", async (e) => {
+    const act = e.target.closest("button[data-action]");
+    if (act) {
+      const a = act.dataset.action;
+      const path = act.dataset.node
+        ? `nodes/${encodeURIComponent(act.dataset.node)}/${a}`
+        : `agent/approvals/${encodeURIComponent(act.dataset.approval)}/${a}`;
+      act.disabled = true;
+      try {
+        const r = await api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
+        toast(r.message);
+      } catch (err) {
+        toast(`${a}: ${err.message}`, true);
+      } finally {
+        act.disabled = false;
+        refreshSnapshot();
+        agentStatus();
+      }
+      return;
+    }
     const t = e.target.closest("[data-pick]");
     if (t) { S.filter = t.dataset.pick; $("filter").value = S.filter; applyFilter(); }
   });
@@ -363,6 +384,18 @@
       head.append(el("span", "", n.name), el("span", "nmodel", n.gpu_model ? `${n.gpus}×${n.gpu_model}` : "cpu"));
       box.append(head);
       if (n.status !== "ready") box.append(el("div", "nstatus", n.status));
+      if (canOperate() && n.status !== "down") {
+        const acts = el("div", "node-actions");
+        const toggle = n.status === "cordoned" ? "uncordon" : "cordon";
+        for (const a of [toggle, "drain"]) {
+          const b = el("button", "node-act", a);
+          b.type = "button";
+          b.dataset.action = a;
+          b.dataset.node = n.name;
+          acts.append(b);
+        }
+        box.append(acts);
+      }
       if (n.gpus) {
         const g = el("div", "gpus");
         g.style.gridTemplateColumns = `repeat(${Math.min(8, n.gpus)}, 16px)`;
@@ -524,6 +557,29 @@
   function renderReasoning() {
     const list = $("reasoning");
     const frag = document.createDocumentFragment();
+    for (const a of S.approvals) {
+      const plan = a.plan || {};
+      const ws = [(plan.finding || {}).subject].filter(Boolean);
+      const li = tag(el("li", "trace approval"), ws, a.correlation_id);
+      li.append(el("span", "ttime", "approval"));
+      const head = el("div", "thead");
+      head.append(el("span", "src", "agent · waiting for an operator"), el("span", "", a.summary || a.id));
+      li.append(head);
+      const body = el("div", "tbody approval-actions");
+      if (canOperate()) {
+        for (const act of ["approve", "reject"]) {
+          const b = el("button", `node-act ${act}`, act);
+          b.type = "button";
+          b.dataset.action = act;
+          b.dataset.approval = a.id;
+          body.append(b);
+        }
+      } else {
+        body.append(el("span", "", "an operator approves or rejects it"));
+      }
+      li.append(body);
+      frag.append(li);
+    }
     for (const tr of S.traces) {
       const n = normTrace(tr.data);
       const li = tag(el("li", "trace"), tr.workloads, tr.correlation);
@@ -549,7 +605,7 @@
       frag.append(li);
     }
     list.replaceChildren(frag);
-    if (!S.traces.length) list.append(el("li", "empty", "no reasoning yet"));
+    if (!S.traces.length && !S.approvals.length) list.append(el("li", "empty", "no reasoning yet"));
     applyFilter(list);
   }
 
@@ -738,6 +794,9 @@
   async function agentStatus() {
     try {
       const a = await api("agent");
+      const before = S.approvals.length;
+      S.approvals = a.present && a.pending_approvals ? (await api("agent/approvals")).items : [];
+      if (before || S.approvals.length) mark("reasoning");
       $("agent-status").textContent = a.present
         ? `agent: ${a.mode} · ${a.reasoner || ""}${a.pending_approvals ? ` · ${a.pending_approvals} awaiting approval` : ""}`
         : "agent: not running";
