@@ -47,6 +47,7 @@ _PR_SET_PDEATHSIG = 1
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 EXIT_START_FAILED = 125
+RESCAN_S = 5.0  # how often a sample looks for new descendants (known ones: every sample)
 MAX_REPORTS = 256  # reports kept between two drains; older ones are counted and dropped
 
 
@@ -180,6 +181,8 @@ class ReplicaProcess:
         self._rlock = threading.Lock()
         self._tree: dict[int, psutil.Process] = {}
         self._reader: threading.Thread | None = None
+        self._next_rescan = 0.0
+        self._rescan_every = 0.125
 
     # ------------------------------------------------------------------- start
     def start(self) -> int:
@@ -375,10 +378,17 @@ class ReplicaProcess:
         """CPU (percent of one core, since the last sample) and RSS of the whole tree."""
         if self.proc is None or self._exit is not None:
             return {"processes": 0.0}
-        try:
-            current = [psutil.Process(self.proc.pid), *self._descendants()]
-        except psutil.NoSuchProcess:
-            return {"processes": 0.0}
+        now = time.monotonic()
+        if now >= self._next_rescan or not self._tree:
+            # finding descendants reads the whole process table: not on every sample
+            self._rescan_every = min(RESCAN_S, self._rescan_every * 2)  # children come early
+            self._next_rescan = now + self._rescan_every
+            try:
+                current = [psutil.Process(self.proc.pid), *self._descendants()]
+            except psutil.NoSuchProcess:
+                return {"processes": 0.0}
+        else:
+            current = list(self._tree.values())
         tree: dict[int, psutil.Process] = {}
         cpu = 0.0
         rss = 0
