@@ -51,9 +51,26 @@ def test_mlwe_serve_prints_the_dashboard_url_and_an_admin_token_once(tmp_path: P
         # the generator keeps the dashboard alive
         assert wait_for(lambda: httpx.get(f"{url}/api/v1/workloads", headers={
             "Authorization": f"Bearer {token}"}).json()["total"] > 0, timeout=30)
-    finally:
+        # a dashboard still watching the stream does not keep the server from stopping
+        streaming = threading.Event()
+
+        def watch() -> None:
+            try:
+                with httpx.stream("GET", f"{url}/api/v1/streams", headers={"Authorization": f"Bearer {token}"},
+                                  timeout=httpx.Timeout(5, read=60)) as r:
+                    for _ in r.iter_lines():
+                        streaming.set()
+            except httpx.HTTPError:
+                pass
+
+        threading.Thread(target=watch, daemon=True).start()
+        assert streaming.wait(10)
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
     # a second start finds the admin token and does not print a new one
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:

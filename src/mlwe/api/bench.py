@@ -80,7 +80,8 @@ def _serve(port: int, data_dir: str, token_file: str, clients: int, rate: float,
     if clients:
         threading.Thread(target=publisher, daemon=True).start()
     try:
-        uvicorn.run(svc.app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        uvicorn.run(svc.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=2)
     finally:
         svc.close()
 

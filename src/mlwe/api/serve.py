@@ -238,6 +238,8 @@ def serve(
     else:
         print_fn(f"dashboard: {url}  (create a token: mlwe token create --role viewer)")
     try:
-        uvicorn.run(svc.app, host=host, port=port, log_level=log_level, access_log=False)
+        # SSE streams never end by themselves: give them 5 s to go on shutdown
+        uvicorn.run(svc.app, host=host, port=port, log_level=log_level, access_log=False,
+                    timeout_graceful_shutdown=5)
     finally:
         svc.close()
