@@ -734,7 +734,25 @@
   }
 
   // ------------------------------------------------------------ snapshots
+  // A console stays open for days: forget finished workloads beyond the most recent ones.
+  const KEEP_WORKLOADS = 1500;
+  function prune() {
+    if (S.workloads.size > KEEP_WORKLOADS) {
+      const done = [...S.workloads.values()]
+        .filter((w) => ["succeeded", "cancelled", "failed"].includes(w.state))
+        .sort((a, b) => (a.changed || 0) - (b.changed || 0));
+      for (const w of done.slice(0, S.workloads.size - KEEP_WORKLOADS)) {
+        S.workloads.delete(w.id);
+        S.loss.delete(w.id);
+        S.wlTele.delete(w.id);
+      }
+    }
+    for (const wid of S.loss.keys()) if (!S.workloads.has(wid) && S.loss.size > 64) S.loss.delete(wid);
+    if (S.related.size > 20000) S.related.clear();
+  }
+
   async function refreshSnapshot() {
+    prune();
     try {
       const snap = await api("cluster");
       S.snapshot = snap;
