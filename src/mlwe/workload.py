@@ -53,6 +53,16 @@ __all__ = [
 STATE_FILE = "state.pkl"
 INFO_FILE = "checkpoint.json"
 
+
+def _own(name: str) -> str:
+    """This replica's file of that name: every replica of a gang shares the checkpoint
+    directory, so each keeps its own state (replica 0 uses the plain name)."""
+    r = replica()
+    if r == 0:
+        return name
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}.r{r}{dot}{ext}"
+
 _stop = threading.Event()
 _callbacks: list[Callable[[], None]] = []
 _hook_installed = False
@@ -218,16 +228,16 @@ def save_state(state: Any, *, progress: float | None = None, step: int | None = 
     if progress is not None and not (math.isfinite(progress) and 0.0 <= progress <= 1.0):
         raise ValueError(f"progress must be a fraction in [0, 1], got {progress!r}")
     d = checkpoint_dir()
-    _atomic_write(d / STATE_FILE, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    _atomic_write(d / _own(STATE_FILE), pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
     info = {"progress": progress, "step": step, "time": time.time(), "attempt": attempt()}
-    _atomic_write(d / INFO_FILE, json.dumps(info).encode())
+    _atomic_write(d / _own(INFO_FILE), json.dumps(info).encode())
     msg: dict[str, Any] = {"t": time.time(), "checkpoint": True}
     if progress is not None:
         msg["progress"] = float(progress)
     if step is not None:
         msg["step"] = int(step)
     _send(msg, must=True)  # the engine counts on knowing what was saved
-    return d / STATE_FILE
+    return d / _own(STATE_FILE)
 
 
 def resume_state() -> Any | None:
@@ -235,7 +245,7 @@ def resume_state() -> Any | None:
 
     The checkpoint directory belongs to this workload alone, which is why
     unpickling it is acceptable here."""
-    path = Path(os.environ.get("MLWE_CHECKPOINT_DIR") or ".mlwe-checkpoint") / STATE_FILE
+    path = Path(os.environ.get("MLWE_CHECKPOINT_DIR") or ".mlwe-checkpoint") / _own(STATE_FILE)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -245,7 +255,7 @@ def resume_state() -> Any | None:
 
 def checkpoint_info() -> dict[str, Any] | None:
     """Metadata of the last checkpoint (progress, step, time, attempt), or None."""
-    path = Path(os.environ.get("MLWE_CHECKPOINT_DIR") or ".mlwe-checkpoint") / INFO_FILE
+    path = Path(os.environ.get("MLWE_CHECKPOINT_DIR") or ".mlwe-checkpoint") / _own(INFO_FILE)
     try:
         loaded = json.loads(path.read_text())
     except FileNotFoundError:

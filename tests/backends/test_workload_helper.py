@@ -103,6 +103,19 @@ def test_state_is_saved_atomically_and_read_back(tmp_path: Path,
     assert mw.resume_state() == {"step": 8}  # a refused save leaves the last one
 
 
+def test_replicas_of_a_gang_keep_their_own_state(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLWE_CHECKPOINT_DIR", str(tmp_path / "ck"))
+    for r, progress in ((0, 0.2), (1, 0.15)):
+        monkeypatch.setenv("MLWE_REPLICA", str(r))
+        mw.save_state({"replica": r}, progress=progress)
+    for r, progress in ((0, 0.2), (1, 0.15)):  # the last writer did not win
+        monkeypatch.setenv("MLWE_REPLICA", str(r))
+        assert mw.resume_state() == {"replica": r}
+        info = mw.checkpoint_info()
+        assert info is not None and info["progress"] == progress
+
+
 def test_sigterm_sets_should_stop_and_the_checkpoint_is_reported(tmp_path: Path) -> None:
     code = ("import time\nfrom mlwe import workload as mw\n"
             "assert not mw.should_stop()\nprint('ready', flush=True)\n"
