@@ -241,8 +241,8 @@ def run_world(
             assert agent is not None
             agent.observe(backend.drain_telemetry())
             agent.tick()
-            flows.tick()
-            rec.dirty = True  # a workflow step may have placed or retried something
+            if flows.tick():
+                rec.dirty = True  # a workflow step may have placed or retried something
             wake_at = flows.next_wakeup()
             if wake_at is not None and wake_at > kernel.clock.t:
                 kernel.at(wake_at, lambda _: None)
