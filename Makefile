@@ -22,10 +22,14 @@ chromium:
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 	  || echo "chromium missing and not root: run 'sudo apt-get install chromium'" >&2
 
+# the whole engine: simulated heterogeneous cluster, SQLite store, rules agent,
+# REST API and live dashboard (it prints the URL and a first-start admin token)
 run: $(STAMP)
-	@$(VENV)/bin/mlwe demo
+	@$(VENV)/bin/mlwe serve
 
-demo: run
+# the scripted scenario in the terminal: an urgent fine-tune into a full cluster
+demo: $(STAMP)
+	@$(VENV)/bin/mlwe demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
