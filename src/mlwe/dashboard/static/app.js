@@ -157,12 +157,14 @@
     const cur = S.workloads.get(w.id) || { history: [] };
     const merged = Object.assign(cur, w);
     if (w.history) merged.history = w.history.map((h) => h.target);
-    else if (w.lifecycle && w.lifecycle.length >= (cur.history || []).length) merged.history = w.lifecycle.slice();
+    else if (w.lifecycle) merged.history = w.lifecycle.slice(); // the server's record is the truth
     S.workloads.set(w.id, merged);
     if (merged.correlation_id) relate(merged.correlation_id, w.id);
     return merged;
   }
-  function onState(ev) {
+  // replay: an event from before the snapshot the page loaded (its transitions are already
+  // in the workload's lifecycle; only the telemetry markers and the story links are new)
+  function onState(ev, replay = false) {
     const d = ev.data || {};
     const wid = d.workload || ev.workload;
     if (!wid) return;
@@ -170,27 +172,33 @@
     const w = S.workloads.get(wid) || { id: wid, name: d.name || wid, priority: d.priority ?? 0, history: [] };
     if (d.name) w.name = d.name;
     if (d.priority !== undefined) w.priority = d.priority;
-    w.state = d.to || d.target || d.state || w.state;
+    // a workload the snapshot did not include (older than the latest 200): its story is the replay
+    if (replay && w.state === undefined) w.fromReplay = true;
+    const fresh = Boolean(w.fromReplay);
+    if (!replay || fresh) w.state = d.to || d.target || d.state || w.state;
     if (d.deadline !== undefined) w.deadline = d.deadline;
-    if (w.state === "preempting" && typeof d.reason === "string" && d.reason.startsWith("preempted by ")) {
+    if ((d.to || d.target) === "preempting" && typeof d.reason === "string" && d.reason.startsWith("preempted by ")) {
       d.preempted_by = d.reason.slice(13).split(" ")[0];
       w.preempted_by = d.preempted_by;
     }
-    if (w.history[w.history.length - 1] !== w.state) w.history.push(w.state);
-    w.changed = performance.now();
-    w.flash = true;
+    if (!replay || fresh) {
+      if (w.history[w.history.length - 1] !== w.state) w.history.push(w.state);
+      w.changed = performance.now();
+      w.flash = true;
+    }
+    const st = d.to || d.target || d.state;
     w.correlation_id = w.correlation_id || ev.correlation_id;
     S.workloads.set(wid, w);
     relate(ev.correlation_id, wid);
     if (d.cause_id) relate(d.cause_id, wid);
     if (d.preempted_by) { relate(d.preempted_by, wid); relate(wid, d.preempted_by); }
     // telemetry-visible moments: a run starts, is asked to stop, or ends
-    if (["running", "preempting", "preempted", "failed", "succeeded", "stopping"].includes(w.state)) {
+    if (["running", "preempting", "preempted", "failed", "succeeded", "stopping"].includes(st)) {
       const by = d.preempted_by ? ` by ${d.preempted_by}` : "";
-      const label = `${w.state}${by}`;
+      const label = `${st}${by}`;
       const L = S.loss.get(wid);
-      if (L) L.markers.push([ev.time, w.state]);
-      S.teleEvents.unshift({ time: ev.time, workload: wid, kind: w.state, text: `${wid} ${label}`, also: d.preempted_by, correlation: ev.correlation_id });
+      if (L) L.markers.push([ev.time, st]);
+      S.teleEvents.unshift({ time: ev.time, workload: wid, kind: st, text: `${wid} ${label}`, also: d.preempted_by, correlation: ev.correlation_id });
       S.teleEvents.length = Math.min(S.teleEvents.length, 80);
     }
     mark("workloads", "telemetry", "deadlines");
@@ -778,7 +786,7 @@
     S.audit = audit.items.slice().reverse();
     for (const ev of recent.items) {
       if (ev.topic === "telemetry") onTelemetry(ev);
-      else if (ev.topic === "state") onState(ev);
+      else if (ev.topic === "state") onState(ev, true);
     }
     if (S.lastEventId === null) S.lastEventId = String(recent.last_id);
     mark("workloads", "audit", "reasoning", "telemetry");
