@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -211,3 +212,35 @@ def test_concurrent_submissions_are_each_durable_and_audited_on_their_own(tmp_pa
         assert len(audit) == 80 and len({a["correlation_id"] for a in audit}) == 80
     finally:
         api.svc.close()
+
+
+def test_serve_with_a_bus_takes_requests_from_it(tmp_path: Path) -> None:
+    """``--bus nats://...``: a request published on mlwe.requests.* reaches the engine once."""
+    import asyncio
+
+    from mlwe.bus.base import new_envelope
+    from mlwe.bus.nats import NatsBus
+    from tests.bus.test_nats import NATS_URL
+
+    svc = build_service(data_dir=tmp_path, generator=False, agent=False, create_admin=False,
+                        bus_url=NATS_URL)
+    env = new_envelope("mlwe.requests.submit", {"type": "submit", "workloads": [
+        {"id": "from-bus", "name": "from-bus", "resources": {"cpu": 1, "memory": "1Gi"}}]},
+        "bus-req-1")
+
+    async def publish() -> None:
+        bus = await NatsBus.connect(NATS_URL)
+        try:
+            await bus.publish_many([env, env])
+        finally:
+            await bus.close()
+
+    try:
+        asyncio.run(publish())
+        deadline = time.monotonic() + 30
+        while "from-bus" not in svc.engine.cp.workloads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "from-bus" in svc.engine.cp.workloads
+        assert svc.engine.cp.workloads["from-bus"].history[0].cause_id == "bus-req-1"
+    finally:
+        svc.close()

@@ -134,3 +134,40 @@ def test_requests_over_nats_jetstream_reach_the_engine(tmp_path: Path) -> None:
                for w in eng.cp.workloads.values())
     assert cluster() is not None
     eng.close()
+
+
+def test_the_ingress_runner_consumes_nats_in_the_background(tmp_path: Path) -> None:
+    from mlwe.bus.base import BusConnectionError
+    from mlwe.runtime.ingress import nats_ingress
+    from tests.bus.test_nats import NATS_URL, service_missing
+
+    eng = open_engine(tmp_path)
+    prefix = f"mlwerun{uuid.uuid4().hex[:10]}"
+    try:
+        runner = nats_ingress(eng, NATS_URL, prefix=prefix)
+    except BusConnectionError as exc:
+        service_missing(f"NATS JetStream at {NATS_URL}", str(exc))
+    sent = [submit_env(i, cid=f"bus-{i}") for i in range(20)]
+
+    async def publish() -> None:
+        bus = await NatsBus.connect(NATS_URL, prefix=prefix)
+        try:
+            await bus.publish_many([*sent, *sent[:5]])
+        finally:
+            await bus.close()
+
+    try:
+        asyncio.run(publish())
+        assert eng.run_until(lambda e: e.repo.count_workloads() == 20, 30)
+        assert eng.run_until(lambda e: runner.ingress.metrics.duplicates == 5, 30)
+    finally:
+        runner.stop()
+
+        async def drop() -> None:
+            bus = await NatsBus.connect(NATS_URL, prefix=prefix)
+            await bus.delete_stream()
+            await bus.close()
+
+        asyncio.run(drop())
+    assert eng.cp.workloads["w3"].history[0].cause_id == "bus-3"
+    eng.close()

@@ -119,6 +119,9 @@ class Service:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
+        ingress = self.extras.get("ingress")
+        if ingress is not None:
+            ingress.stop()
         if self.generator is not None:
             self.generator.stop()
         relay = getattr(self.app.state, "relay", None)
@@ -178,6 +181,11 @@ def build_service(
         ):
             admin_token, _ = tokens.create("admin", Role.ADMIN)
         bus = _check_bus(bus_url) if bus_url else None
+        ingress = None
+        if bus and start_loop:  # requests published on mlwe.requests.* reach the engine
+            from mlwe.runtime.ingress import nats_ingress
+
+            ingress = nats_ingress(engine, bus)
         ag = attach_agent(engine, agent_mode) if agent else None
         app = create_app(engine, tokens=tokens, settings=settings, agent=ag, bus=bus)
         gen = (
@@ -192,7 +200,10 @@ def build_service(
     except BaseException:
         engine.close(stop_workloads=True)
         raise
-    return Service(engine, app, tokens, gen, ag, bus, admin_token)
+    svc = Service(engine, app, tokens, gen, ag, bus, admin_token)
+    if ingress is not None:
+        svc.extras["ingress"] = ingress
+    return svc
 
 
 def _check_bus(url: str) -> str:

@@ -432,6 +432,8 @@ class Engine:
         cid = correlation_id or new_correlation_id()
         with self.lock:
             result = self.cp.apply(actions, cause_id=cid)
+            if result.accepted:  # e.g. an uncordon frees capacity without any transition
+                self.reconciler.dirty = True
             self.writer.note_audit(
                 kind,
                 actor,

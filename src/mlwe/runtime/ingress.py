@@ -18,12 +18,16 @@ operator can read it (``mlwe events dead-letters``) and replay it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import Connection
 
-from mlwe.bus.base import Envelope, EnvelopeError
+from mlwe.bus.base import Bus, Envelope, EnvelopeError
 from mlwe.bus.consumer import IdempotentConsumer
 from mlwe.core.actions import Action, Cancel, SetNodeStatus, SetPriority, Submit
 from mlwe.core.spec import NodeStatus, WorkloadSpec
@@ -116,3 +120,74 @@ class EngineIngress(IdempotentConsumer):
             correlation_id=envelope.correlation_id,
             what={"action": envelope.payload.get("type"), "subject": envelope.subject},
         )
+
+
+class IngressRunner:
+    """Consume requests from a bus on a background thread (its own event loop) into an engine.
+
+    ``bus_factory`` is an async callable returning a connected :class:`~mlwe.bus.base.Bus`
+    (e.g. ``lambda: NatsBus.connect(url)``); :meth:`stop` ends the consumer and closes it.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        bus_factory: Callable[[], Awaitable[Bus]],
+        *,
+        durable: str = "mlwe-engine",
+        subject_filter: str = SUBJECT_FILTER,
+    ) -> None:
+        self.engine = engine
+        self.bus_factory = bus_factory
+        self.durable = durable
+        self.subject_filter = subject_filter
+        self.ingress = EngineIngress(engine)
+        self.error: BaseException | None = None
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 15.0) -> IngressRunner:
+        self._thread = threading.Thread(target=self._run, name="mlwe-ingress", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError("the bus ingress did not start in time")
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported by start() or kept for health
+            self.error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        bus = await self.bus_factory()
+        self._ready.set()
+        try:
+            await self.ingress.run(bus, self.subject_filter, durable=self.durable, stop=self._stop)
+        finally:
+            await bus.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+
+def nats_ingress(engine: Engine, url: str, *, prefix: str = "mlwe") -> IngressRunner:
+    """Start consuming ``mlwe.requests.*`` from NATS JetStream at ``url`` into ``engine``."""
+    from mlwe.bus.nats import NatsBus
+
+    async def connect() -> Bus:
+        return await NatsBus.connect(url, prefix=prefix)
+
+    return IngressRunner(engine, connect).start()
