@@ -7,8 +7,10 @@ Figures, not tests: run on a quiet machine and compare ratios within one run.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from mlwe.sim.bench import bench_core
 from mlwe.sim.kernel import bench_kernel
@@ -34,6 +36,28 @@ def main() -> None:
     print(json.dumps({"bench": "philly-replay", "load_s": round(load_s, 2),
                       **{k: m[k] for k in ("jobs", "wall_s", "events", "events_per_s",
                                            "invariant_checks")}}), flush=True)
+    # the engine-level figures: each command prints one JSON document
+    mlwe = str(Path(sys.executable).with_name("mlwe"))
+    commands = [
+        ("store-sqlite", [mlwe, "bench", "store", "--backend", "sqlite", "--json",
+                          *(["--recover", "10000"] if quick else [])]),
+        ("store-postgres", [mlwe, "bench", "store", "--backend", "postgres", "--json",
+                            *(["--recover", "10000"] if quick else [])]),
+        ("backend-local", [mlwe, "bench", "backend", "--backend", "local", "--json"]),
+        ("api", [mlwe, "bench", "api", "--json"]),
+        ("agent-eval", [mlwe, "agent", "eval", "--json"]),
+    ]
+    for name, argv in commands:
+        run = subprocess.run(argv, capture_output=True, text=True)
+        last = (run.stdout.strip().splitlines() or ["{}"])[-1]
+        try:
+            doc = json.loads(last)
+        except ValueError:
+            doc = {"error": (run.stderr or run.stdout)[-500:], "exit": run.returncode}
+        print(json.dumps({"bench": name, **doc} if isinstance(doc, dict) else
+                         {"bench": name, "result": doc}), flush=True)
+    here = Path(__file__).with_name("case_studies.py")
+    subprocess.run([sys.executable, str(here)], check=False)
 
 
 if __name__ == "__main__":
