@@ -464,6 +464,12 @@ def bench_core(
     out.print(table)
 
 
+# the service commands (serve, submit, status, explain, cancel, nodes, watch, token, bench api)
+from mlwe.api.cli import register as _register_service  # noqa: E402
+
+_register_service(app, bench_app)
+
+
 # the local backend: the workload daemon and its benchmark (bodies in mlwe.backends)
 from mlwe.backends.bench import bench_backend_command  # noqa: E402
 from mlwe.backends.local.cli import daemon_command  # noqa: E402
@@ -475,12 +481,6 @@ bench_app.command("backend")(bench_backend_command)
 from mlwe.backends.ray.cli import app as _ray_app  # noqa: E402
 
 app.add_typer(_ray_app, name="ray")
-
-
-# the service commands (serve, submit, status, explain, cancel, nodes, watch, token, bench api)
-from mlwe.api.cli import register as _register_service  # noqa: E402
-
-_register_service(app, bench_app)
 
 
 # pipelines: pipeline run/status/validate/models, runs list/show, example ... (mlwe.pipelines)

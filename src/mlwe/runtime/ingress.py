@@ -68,7 +68,7 @@ Request = Annotated[
     SubmitRequest | CancelRequest | NodeStatusRequest | SetPriorityRequest,
     Field(discriminator="type"),
 ]
-_REQUEST: TypeAdapter[Any] = TypeAdapter(Request)  # type: ignore[arg-type]
+_REQUEST: TypeAdapter[Any] = TypeAdapter(Request)  # type: ignore[arg-type,unused-ignore]
 
 
 def decode_request(payload: dict[str, Any], catalog: Any = None) -> tuple[list[Action], str]:
