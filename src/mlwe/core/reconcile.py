@@ -39,6 +39,19 @@ def correlation_of(w: Workload) -> str | None:
     return w.history[0].cause_id if w.history else None
 
 
+def start_command(w: Workload) -> StartCommand:
+    """The command that starts ``w``'s current attempt (idempotent by its request id)."""
+    return StartCommand(
+        request_id=f"start:{w.id}:{w.attempt}",
+        workload=w.id,
+        attempt=w.attempt,
+        placement=w.placement,
+        spec=w.spec,
+        resume_work_s=w.work_done,
+        correlation_id=correlation_of(w),
+    )
+
+
 class Reconciler:
     def __init__(
         self,
@@ -190,17 +203,7 @@ class Reconciler:
                 self._apply_each([Start(w.id, w.attempt) for w in starts], cause_id)
                 for w in starts:
                     if w.state is State.STARTING:
-                        out.append(
-                            StartCommand(
-                                request_id=f"start:{w.id}:{w.attempt}",
-                                workload=w.id,
-                                attempt=w.attempt,
-                                placement=w.placement,
-                                spec=w.spec,
-                                resume_work_s=w.work_done,
-                                correlation_id=correlation_of(w),
-                            )
-                        )
+                        out.append(start_command(w))
         if self._to_stop:
             for wid, reason in self._to_stop.items():
                 w = cp.workloads[wid]

@@ -61,7 +61,7 @@ from mlwe.core.controlplane import ApplyResult, ControlPlane, Rejection
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import HOLDING, State, Transition
 from mlwe.core.model import Workload
-from mlwe.core.reconcile import Reconciler, correlation_of
+from mlwe.core.reconcile import Reconciler, correlation_of, start_command
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import ClusterSpec, NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
 from mlwe.runtime.clock import WallClock
@@ -871,17 +871,7 @@ class Engine:
                 stops.append(_orphan_stop(r.workload, r.attempt))
             if w.state is State.STARTING:  # the start may never have reached it: send again
                 rep.restarted.append(w.id)
-                resend.append(
-                    StartCommand(
-                        request_id=f"start:{w.id}:{w.attempt}",
-                        workload=w.id,
-                        attempt=w.attempt,
-                        placement=w.placement,
-                        spec=w.spec,
-                        resume_work_s=w.work_done,
-                        correlation_id=correlation_of(w),
-                    )
-                )
+                resend.append(start_command(w))
             elif w.state in (State.PREEMPTING, State.STOPPING):
                 # it was being stopped and is gone: the release is what we waited for
                 rep.vanished.append(w.id)
