@@ -31,7 +31,7 @@ from mlwe.api.context import ApiContext, ApiSettings
 from mlwe.api.metrics import ApiMetrics, RequestMetrics
 from mlwe.api.models import Health
 from mlwe.api.relay import DecisionRelay
-from mlwe.api.routes import cluster, ops, streams, workloads
+from mlwe.api.routes import cluster, ops, pipelines, streams, workloads
 from mlwe.api.security import BodySizeLimit, RateLimiter, SecurityHeaders
 from mlwe.api.sse import StreamStats
 from mlwe.api.submitter import SubmitQueue
@@ -88,6 +88,7 @@ def create_app(
     app.include_router(cluster.router)
     app.include_router(ops.router)
     app.include_router(streams.router)
+    app.include_router(pipelines.router)
 
     @app.get("/healthz", response_model=Health, tags=["system"], summary="Liveness (public)")
     def healthz() -> dict[str, Any]:
