@@ -466,8 +466,10 @@ def bench_core(
 
 # the service commands (serve, submit, status, explain, cancel, nodes, watch, token, bench api)
 from mlwe.api.cli import register as _register_service  # noqa: E402
+from mlwe.api.cli import register_agent as _register_agent_remote  # noqa: E402
 
 _register_service(app, bench_app)
+_register_agent_remote(agent_app)
 
 
 # the local backend: the workload daemon and its benchmark (bodies in mlwe.backends)

@@ -232,6 +232,19 @@ class Client:
         out: dict[str, Any] = self.get("agent")
         return out
 
+    def set_agent_mode(self, mode: str) -> dict[str, Any]:
+        out: dict[str, Any] = _check(self._http.put("/api/v1/agent/mode", json={"mode": mode}))
+        return out
+
+    def approvals(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.get("agent/approvals")["items"]
+        return out
+
+    def decide(self, approval_id: str, approve: bool, comment: str = "") -> dict[str, Any]:
+        verb = "approve" if approve else "reject"
+        out: dict[str, Any] = self.post(f"agent/approvals/{approval_id}/{verb}", {"comment": comment})
+        return out
+
     def whoami(self) -> dict[str, Any]:
         out: dict[str, Any] = self.get("whoami")
         return out

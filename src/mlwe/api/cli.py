@@ -371,6 +371,77 @@ def bench_api_cmd(
     print(json.dumps(result, sort_keys=True) if as_json else result)
 
 
+# ------------------------------------------------------------ the agent, via the API
+agent_remote = typer.Typer(help="(through a running server)")
+
+
+def agent_status_cmd(url: Url = None, token: Token = None, as_json: AsJson = False) -> None:
+    """The running agent's mode and status."""
+    c = _client(url, token)
+    r = _call(lambda: c.agent())
+    print(json.dumps(r, indent=2, sort_keys=True, default=str) if as_json else
+          "  ".join(f"{k}: {v}" for k, v in r.items() if not isinstance(v, dict | list)))
+
+
+def agent_mode_cmd(
+    mode: Annotated[str, typer.Argument(help="autonomous, approve or observe")],
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Set the agent's mode (audited as a configuration change)."""
+    c = _client(url, token)
+    r = _call(lambda: c.set_agent_mode(mode))
+    out.print(f"agent mode: {r.get('mode')}", markup=False)
+
+
+def agent_pending_cmd(url: Url = None, token: Token = None, as_json: AsJson = False) -> None:
+    """Plans waiting for an operator's approval (approve mode)."""
+    c = _client(url, token)
+    items = _call(lambda: c.approvals())
+    if as_json:
+        print(json.dumps(items, indent=2, sort_keys=True, default=str))
+        return
+    if not items:
+        out.print("no plan waits for approval")
+    for a in items:
+        out.print(f"{a['id']}  {a.get('summary', '')}", markup=False, soft_wrap=True)
+
+
+def agent_approve_cmd(
+    approval_id: Annotated[str, typer.Argument(help="id from `mlwe agent pending`")],
+    comment: Annotated[str, typer.Option(help="recorded in the audit log")] = "",
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Approve a pending plan: it is proposed to the control plane, which verifies it."""
+    c = _client(url, token)
+    r = _call(lambda: c.decide(approval_id, True, comment))
+    out.print(r.get("message", r), markup=False, soft_wrap=True)
+    for rej in r.get("rejections", []):
+        out.print(f"  rejected: {rej}", markup=False, soft_wrap=True)
+
+
+def agent_reject_cmd(
+    approval_id: Annotated[str, typer.Argument(help="id from `mlwe agent pending`")],
+    comment: Annotated[str, typer.Option(help="why (recorded in the audit log)")] = "",
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Reject a pending plan."""
+    c = _client(url, token)
+    r = _call(lambda: c.decide(approval_id, False, comment))
+    out.print(r.get("message", r), markup=False, soft_wrap=True)
+
+
+def register_agent(agent_app: typer.Typer) -> None:
+    """Add the agent commands that talk to a running server to ``mlwe agent``."""
+    agent_app.command("status")(agent_status_cmd)
+    agent_app.command("mode")(agent_mode_cmd)
+    agent_app.command("pending")(agent_pending_cmd)
+    agent_app.command("approve")(agent_approve_cmd)
+    agent_app.command("reject")(agent_reject_cmd)
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add the service commands to the ``mlwe`` app (called once by ``mlwe.cli``)."""
     app.command("serve")(serve_cmd)
