@@ -31,66 +31,12 @@ from typing import Any
 
 import psutil
 
+from mlwe.backends.benchkit import BenchDriver, MonotonicClock, evict_to_place, ms
 from mlwe.backends.ray.backend import RayBackend, RayBackendConfig
 from mlwe.backends.ray.cluster import LocalRayCluster
-from mlwe.core.actions import Cancel, Started, Submit
-from mlwe.core.cluster import build_control_plane
-from mlwe.core.lifecycle import State, Transition
-from mlwe.core.model import Workload
-from mlwe.core.reconcile import Reconciler
-from mlwe.core.scheduler import Scheduler
+from mlwe.core.actions import Cancel
+from mlwe.core.lifecycle import State
 from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
-
-
-class _Clock:
-    def now(self) -> float:
-        return time.monotonic()
-
-
-class _Driver:
-    """The engine's loop over one RayBackend."""
-
-    def __init__(self, cluster: ClusterSpec, backend: RayBackend, clock: _Clock,
-                 grace_s: float) -> None:
-        self.cp = build_control_plane(cluster, clock, check_invariants=False)
-        self.rec = Reconciler(self.cp, Scheduler(), grace_s=grace_s)
-        self.backend = backend
-        self.started_at: dict[tuple[str, int], float] = {}
-        self.reported: set[str] = set()
-        self.node_samples: list[float] = []
-
-    def step(self) -> None:
-        events = self.backend.poll()
-        now = time.monotonic()
-        for ev in events:
-            if isinstance(ev.fact, Started):
-                self.started_at[(ev.fact.workload, ev.fact.attempt)] = now
-        self.rec.handle(events)
-        commands = self.rec.step()
-        if commands:
-            self.backend.send(commands)
-        for t in self.backend.drain_telemetry():
-            if t.workload is None and t.node == "load-0":  # one node: one sample per period
-                self.node_samples.append(time.monotonic())
-            elif t.workload is not None and ("loss" in t.metrics or "step" in t.metrics):
-                self.reported.add(t.workload)
-
-    def until(self, pred: Any, timeout: float, what: str) -> None:
-        end = time.monotonic() + timeout
-        while not pred():
-            if time.monotonic() > end:
-                raise RuntimeError(f"bench: timed out waiting for {what};"
-                                   f" backend errors: {self.backend.errors[-3:]}")
-            self.step()
-            time.sleep(0.005)
-
-    def state(self, wid: str) -> State:
-        return self.cp.get(wid).state
-
-    def submit(self, spec: WorkloadSpec) -> None:
-        r = self.cp.apply([Submit(spec)], cause_id="bench")
-        if not r.accepted:
-            raise RuntimeError("; ".join(r.reasons()))
 
 
 def _synthetic(wid: str, *, priority: str, cpu: str, node: str, args: list[str]) -> WorkloadSpec:
@@ -99,15 +45,6 @@ def _synthetic(wid: str, *, priority: str, cpu: str, node: str, args: list[str])
         "resources": {"cpu": cpu, "memory": "64Mi"}, "node_selector": {"bench": node},
         "command": [sys.executable, "-m", "mlwe.programs.synthetic", *args],
     })
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
-
-
-def _ms(values: list[float], q: float) -> float:
-    return round(1000 * (statistics.median(values) if q == 0.5 else _pct(values, q)), 1)
 
 
 def run_bench(*, trials: int = 20, workloads: int = 50, measure_s: float = 10.0,
@@ -123,14 +60,15 @@ def run_bench(*, trials: int = 20, workloads: int = 50, measure_s: float = 10.0,
     ray_cluster = LocalRayCluster(cluster, cpus_per_node=2, namespace="mlwe-bench")
     out: dict[str, Any] = {"backend": "ray", "cpus": psutil.cpu_count(),
                            "ray_cluster_start_s": round(time.monotonic() - t0, 2)}
-    clock = _Clock()
+    clock = MonotonicClock()
     backend = RayBackend(cluster, RayBackendConfig(
         prefix="bench", checkpoint_root=str(base / "ckpt"), log_root=str(base / "logs"),
         telemetry_period_s=1.0, close_grace_s=0.0), clock=clock)
     try:
-        d = _Driver(cluster, backend, clock, grace_s)
-        out.update(_evict_to_place(d, trials, grace_s))
-        out.update(_overhead(d, workloads, measure_s))
+        d = BenchDriver(cluster, backend, clock, grace_s, sample_node="load-0",
+                        is_report=lambda m: "loss" in m or "step" in m)
+        out.update(_evict_to_place(d, backend, trials, grace_s))
+        out.update(_overhead(d, backend, workloads, measure_s))
         return out
     finally:
         backend.close()
@@ -138,55 +76,37 @@ def run_bench(*, trials: int = 20, workloads: int = 50, measure_s: float = 10.0,
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _evict_to_place(d: _Driver, trials: int, grace_s: float) -> dict[str, Any]:
-    decided: dict[str, float] = {}
-
-    def on_transition(w: Workload, tr: Transition) -> None:
-        if tr.target is State.PREEMPTING:
-            decided[w.preempted_by or ""] = time.monotonic()
-
-    d.cp.listeners.append(on_transition)
-    net: list[float] = []
-    totals: list[float] = []
-    stops: list[float] = []
+def _evict_to_place(d: BenchDriver, backend: RayBackend, trials: int, grace_s: float
+                    ) -> dict[str, Any]:
     starts: list[float] = []
-    for i in range(trials):
-        victim, urgent = f"victim-{i}", f"urgent-{i}"
-        d.submit(_synthetic(victim, priority="low", cpu="1", node="evict",
-                            args=["--work", "600", "--memory", "16Mi", "--phases", "0.05:1",
-                                  "--report-every", "0.1"]))
-        # its first report: the program is up and has its SIGTERM hook
-        d.until(lambda v=victim: v in d.reported, 120, f"{victim} to report")
-        d.submit(_synthetic(urgent, priority="urgent", cpu="1", node="evict",
-                            args=["--work", "0.05", "--memory", "1Mi"]))
-        d.until(lambda u=urgent: (u, 1) in d.started_at, 120, f"{urgent} to start")
-        total = d.started_at[(urgent, 1)] - decided[urgent]
-        info = d.backend.attempt_info(victim, 1) or {}
-        wait = float(info.get("stop_wait_s") or 0.0)
-        totals.append(total)
-        net.append(total - wait)
-        stops.append(wait)
+
+    def stop_wait(victim: str) -> float:
+        return float((backend.attempt_info(victim, 1) or {}).get("stop_wait_s") or 0.0)
+
+    def record_starts(victim: str, urgent: str) -> None:
         for wid in (victim, urgent):
-            s = (d.backend.attempt_info(wid, 1) or {}).get("started_s")
+            s = (backend.attempt_info(wid, 1) or {}).get("started_s")
             if s is not None:
                 starts.append(float(s))
-        d.until(lambda u=urgent: d.state(u) is State.SUCCEEDED, 120, f"{urgent} to finish")
-        d.cp.apply([Cancel(victim, "bench trial over")], cause_id="bench")
-        d.until(lambda v=victim: d.state(v) is State.CANCELLED, 120, f"{victim} to stop")
+
+    trials_out = evict_to_place(
+        d, trials,
+        victim=lambda v: _synthetic(v, priority="low", cpu="1", node="evict",
+                                    args=["--work", "600", "--memory", "16Mi",
+                                          "--phases", "0.05:1", "--report-every", "0.1"]),
+        urgent=lambda u: _synthetic(u, priority="urgent", cpu="1", node="evict",
+                                    args=["--work", "0.05", "--memory", "1Mi"]),
+        stop_wait_s=stop_wait, timeout_s=120, after_trial=record_starts,
+    )
     return {
-        "evict_to_place_p50_ms": _ms(net, 0.5),
-        "evict_to_place_p99_ms": _ms(net, 0.99),
-        "evict_to_place_total_p50_ms": _ms(totals, 0.5),
-        "evict_to_place_total_p99_ms": _ms(totals, 0.99),
-        "victim_sigterm_to_exit_p50_ms": _ms(stops, 0.5),
-        "start_to_running_p50_ms": _ms(starts, 0.5),
-        "start_to_running_p99_ms": _ms(starts, 0.99),
-        "evict_trials": trials,
-        "grace_s": grace_s,
+        **trials_out.figures(grace_s),
+        "start_to_running_p50_ms": ms(starts, 0.5),
+        "start_to_running_p99_ms": ms(starts, 0.99),
     }
 
 
-def _overhead(d: _Driver, workloads: int, measure_s: float) -> dict[str, Any]:
+def _overhead(d: BenchDriver, backend: RayBackend, workloads: int, measure_s: float
+              ) -> dict[str, Any]:
     names = [f"load-{i}" for i in range(workloads)]
     for wid in names:
         d.submit(_synthetic(wid, priority="normal", cpu="1", node="load",
@@ -196,10 +116,10 @@ def _overhead(d: _Driver, workloads: int, measure_s: float) -> dict[str, Any]:
     d.until(lambda: all(d.state(w) is State.RUNNING for w in names), 600,
             "every workload to run")
     all_running_s = time.monotonic() - t0
-    d.until(lambda: all(w in d.reported for w in names), 120, "every workload to report")
+    d.until(lambda: all(d.reported(w) for w in names), 120, "every workload to report")
     actors = []
     for wid in names:
-        info = d.backend.attempt_info(wid, 1) or {}
+        info = backend.attempt_info(wid, 1) or {}
         for r in info.get("replicas", ()):
             if r.get("actor_pid"):
                 actors.append(psutil.Process(r["actor_pid"]))
@@ -208,15 +128,11 @@ def _overhead(d: _Driver, workloads: int, measure_s: float) -> dict[str, Any]:
     m0 = _cpu(me)
     d.node_samples.clear()
     t1 = time.monotonic()
-    end = t1 + measure_s
-    while time.monotonic() < end:
-        d.step()
-        time.sleep(0.05)
+    d.pump(measure_s)
     wall = time.monotonic() - t1
     a1 = sum(_cpu(p) for p in actors)
     m1 = _cpu(me)
     rss = [p.memory_info().rss / 2**20 for p in actors if p.is_running()]
-    gaps = [b - a for a, b in zip(d.node_samples, d.node_samples[1:], strict=False)]
     running = sum(1 for w in names if d.state(w) is State.RUNNING)
     for wid in names:
         d.cp.apply([Cancel(wid, "bench over")], cause_id="bench")
@@ -229,8 +145,8 @@ def _overhead(d: _Driver, workloads: int, measure_s: float) -> dict[str, Any]:
         "runner_rss_mib_per_replica": round(statistics.median(rss), 1) if rss else None,
         "engine_process_cpu_pct": round(100 * (m1 - m0) / wall, 2),
         "measure_s": round(wall, 2),
-        "telemetry_period_s": round(statistics.median(gaps), 3) if gaps else None,
-        "telemetry_period_configured_s": d.backend.config.telemetry_period_s,
+        "telemetry_period_s": d.telemetry_period_s(),
+        "telemetry_period_configured_s": backend.config.telemetry_period_s,
     }
 
 
