@@ -307,3 +307,55 @@ def test_credentials_in_a_spec_are_refused_not_silently_redacted(tmp_path: Path)
     ok = job("ok").model_copy(update={"env": {"EPOCHS": "3"}})
     assert eng.submit([ok]).accepted
     eng.close()
+
+
+def test_a_burst_of_submissions_shares_scheduling_cycles(tmp_path: Path) -> None:
+    """Submissions ask for a tick "soon": a burst costs a few cycles over the queue, not
+    one each, and every workload is still placed promptly."""
+    import time
+
+    from mlwe.runtime.engine import EngineConfig
+
+    clock = WallClock(speed=1.0)
+    eng = Engine.open(cluster(), LiveSimBackend(clock), data_dir=tmp_path, clock=clock,
+                      config=EngineConfig(admit_batch_s=1.0))
+    eng.start(period_s=30.0)  # only wakes make it tick
+    try:
+        time.sleep(0.3)
+        before = eng.ticks
+        for i in range(20):  # 20 CPUs' worth: all fit
+            assert eng.submit([job(f"j{i}", gpu=0, secs=600)]).accepted
+            time.sleep(0.02)  # a tick per wake would run one cycle each
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(
+            w.state is State.PENDING for w in eng.cp.workloads.values()
+        ):
+            time.sleep(0.05)
+        assert all(w.state is not State.PENDING for w in eng.cp.workloads.values())
+        assert eng.ticks - before <= 5
+    finally:
+        eng.close()
+
+
+def test_a_wake_now_cuts_a_submission_window_short(tmp_path: Path) -> None:
+    import time
+
+    from mlwe.runtime.engine import EngineConfig
+
+    clock = WallClock(speed=1.0)
+    eng = Engine.open(cluster(), LiveSimBackend(clock), data_dir=tmp_path, clock=clock,
+                      config=EngineConfig(admit_batch_s=60.0))
+    eng.start(period_s=60.0)
+    try:
+        time.sleep(0.3)
+        before = eng.ticks
+        assert eng.submit([job("a", gpu=0)]).accepted  # acknowledged without a tick
+        time.sleep(0.5)
+        assert eng.ticks == before  # the window is still gathering submissions
+        eng.wake()  # e.g. a backend event: at once
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and eng.cp.workloads["a"].state is State.PENDING:
+            time.sleep(0.02)
+        assert eng.cp.workloads["a"].state is not State.PENDING
+    finally:
+        eng.close()

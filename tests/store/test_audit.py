@@ -686,3 +686,78 @@ def test_verify_100k_records_streams_in_seconds(engine: Engine) -> None:
 
     exec_sql(engine, "UPDATE audit SET payload = '{}' WHERE seq = :s", s=12_345)
     assert log.verify().first_bad_seq == 12_345  # in the second batch
+
+
+def _records(n: int, actor: str = "p") -> list[dict[str, Any]]:
+    return [{"kind": "decision", "actor": actor, "payload": {"n": i, "token": "sk-" + "a" * 40},
+             "workload": f"w{i}", "correlation_id": f"c{i}"} for i in range(n)]
+
+
+def test_extend_appends_a_batch_in_the_callers_transaction(engine: Engine) -> None:
+    """What a group commit writes: one head read, one statement, the same chain."""
+    log = make_log(engine)
+    fill(log, 2)
+    with pytest.raises(RuntimeError), engine.begin() as conn:
+        log.extend(_records(5), conn=conn)
+        raise RuntimeError("the caller's work failed")
+    assert log.count() == 2
+    with engine.begin() as conn:
+        conn.execute(insert(schema.meta_kv).values(key="k", value="v"))
+        entries = log.extend(_records(5), conn=conn)
+    assert [e.seq for e in entries] == [3, 4, 5, 6, 7]
+    assert [e.workload for e in entries] == [f"w{i}" for i in range(5)]
+    assert all("sk-" not in e.payload for e in entries)  # sanitised like append
+    rows = raw_rows(engine)
+    assert [r["hash"] for r in rows[2:]] == [e.hash for e in entries]
+    assert entries[0].prev_hash == rows[1]["hash"]
+    assert log.verify().checked == 7
+    with engine.begin() as conn:
+        assert log.extend([], conn=conn) == []
+        (one,) = log.extend(_records(1), conn=conn)
+    assert one.seq == 8 and log.verify().ok
+
+
+def test_extend_after_a_lost_race_appends_one_by_one(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = make_log(engine)
+    fill(log, 3)
+    real_head = AuditLog._head
+    stale = iter([(2, raw_rows(engine)[1]["hash"])])  # as if seq 3 came from another writer
+
+    def head(conn: Any) -> tuple[int, str]:
+        return next(stale, None) or real_head(conn)
+
+    monkeypatch.setattr(AuditLog, "_head", staticmethod(head))
+    with engine.begin() as conn:
+        conn.execute(insert(schema.meta_kv).values(key="before", value="kept"))
+        entries = log.extend(_records(4), conn=conn)
+    assert [e.seq for e in entries] == [4, 5, 6, 7]
+    assert entries[0].prev_hash == raw_rows(engine)[2]["hash"]
+    assert log.verify().checked == 7
+    with engine.connect() as conn:
+        assert conn.execute(select(schema.meta_kv.c.value)).scalar_one() == "kept"
+
+
+def test_extend_does_not_retry_a_real_integrity_error(engine: Engine) -> None:
+    if engine.dialect.name == "sqlite":
+        add = ("CREATE TRIGGER no_mallory BEFORE INSERT ON audit WHEN NEW.actor = 'mallory' "
+               "BEGIN SELECT RAISE(ABORT, 'mallory may not write'); END")
+        drop = "DROP TRIGGER no_mallory"
+    else:
+        add = "ALTER TABLE audit ADD CONSTRAINT no_mallory CHECK (actor <> 'mallory')"
+        drop = "ALTER TABLE audit DROP CONSTRAINT no_mallory"
+    log = make_log(engine)
+    fill(log, 2)
+    exec_sql(engine, add)
+    try:
+        batch = [*_records(2), *_records(1, actor="mallory"), *_records(2)]
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            log.extend(batch, conn=conn)
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            log.extend(_records(1, actor="mallory") + _records(2), conn=conn)
+    finally:
+        exec_sql(engine, drop)
+    assert log.count() == 2 and log.verify().ok
+    with engine.begin() as conn:
+        assert [e.seq for e in log.extend(_records(2), conn=conn)] == [3, 4]

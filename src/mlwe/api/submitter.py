@@ -53,7 +53,7 @@ def submit_many(engine: Engine, requests: Sequence[Request]) -> list[ApplyResult
             results.append(result)
     if any(r.accepted for r in results):
         engine._commit()  # returns once everything applied above is durable
-        engine.wake()
+        engine.wake(soon=True)  # a burst of submissions shares one scheduling cycle
     return results
 
 

@@ -84,6 +84,11 @@ class EngineConfig:
     retry_base_s: float = 5.0
     retry_max_s: float = 600.0
     tick_s: float = 0.25  # loop period when nothing wakes it earlier
+    # submissions arriving within this window share one scheduling cycle (a burst of
+    # them then costs one cycle over the queue, not one each); the acknowledgement does
+    # not wait for it, and backend events, operator actions and stop still wake the loop
+    # at once. 0: a cycle per submission.
+    admit_batch_s: float = 0.05
     telemetry_store_every_s: float = 5.0  # at most one stored sample per node/workload per this
     telemetry_downsample_after_s: float = 3600.0
     telemetry_downsample_to_s: int = 60
@@ -211,10 +216,11 @@ class Engine:
         self._tel_stored: dict[tuple[str, str | None], float] = {}
         self._tel_buffer: list[TelemetrySample] = []
         self._last_maintenance = clock.now()
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # a tick is wanted
+        self._wake_now = threading.Event()  # ... at once (not only by submissions)
         wakers = getattr(backend, "event_listeners", None)
         if isinstance(wakers, list):  # a backend that can say "events are ready": react at once
-            wakers.append(self._wake.set)
+            wakers.append(self.wake)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ticks = 0
@@ -309,14 +315,17 @@ class Engine:
     def now(self) -> float:
         return self.clock.now()
 
-    def wake(self) -> None:
-        """Ask the loop for a tick now (e.g. after a submission)."""
+    def wake(self, *, soon: bool = False) -> None:
+        """Ask the loop for a tick now; ``soon``: within ``config.admit_batch_s`` (what a
+        submission asks, so that a burst of them shares one scheduling cycle)."""
+        if not soon:
+            self._wake_now.set()
         self._wake.set()
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the engine thread at the next tick (backend access is single-threaded)."""
         self._calls.append(fn)
-        self._wake.set()
+        self.wake()
 
     # ============================================================== durability
     def _flush_locked(self, extra: Callable[[Any], None] | None = None) -> None:
@@ -416,7 +425,7 @@ class Engine:
                 )
         if result.accepted:
             self._commit()
-            self._wake.set()
+            self.wake(soon=True)
         return result
 
     def _operator(
@@ -442,7 +451,7 @@ class Engine:
                 correlation_id=cid,
             )
         self._commit()
-        self._wake.set()
+        self.wake()
         return result
 
     def cancel(
@@ -566,7 +575,7 @@ class Engine:
                 correlation_id=cid,
             )
         self._commit()
-        self._wake.set()
+        self.wake()
         return result
 
     def ingest(
@@ -615,7 +624,7 @@ class Engine:
             self._ingested_unflushed[event_id] = None
             self._flush_locked(extra=mark)
             self._ingested_unflushed.pop(event_id, None)
-        self._wake.set()
+        self.wake()
         return True
 
     def note_audit(
@@ -806,20 +815,25 @@ class Engine:
 
         def loop() -> None:
             while not self._stop.is_set():
+                # cleared before the tick: a wake that comes during it is not lost
+                self._wake.clear()
+                self._wake_now.clear()
                 try:
                     self.tick()
                 except Exception:
                     log.exception("engine tick failed")
                     time.sleep(min(1.0, period * 4))
                 self._wake.wait(period)
-                self._wake.clear()
+                if self._wake.is_set() and not self._wake_now.is_set():
+                    # only submissions so far: let the burst gather (a wake "now" cuts in)
+                    self._wake_now.wait(self.config.admit_batch_s)
 
         self._thread = threading.Thread(target=loop, name="mlwe-engine", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self.wake()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None

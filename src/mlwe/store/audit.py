@@ -237,6 +237,20 @@ _HEAD = select(audit.c.seq, audit.c.hash).order_by(audit.c.seq.desc()).limit(1)
 _INSERT = insert(audit)
 
 
+def _row(entry: AuditEntry) -> dict[str, Any]:
+    return {
+        "seq": entry.seq,
+        "time": entry.time,
+        "kind": entry.kind,
+        "actor": entry.actor,
+        "workload": entry.workload,
+        "correlation_id": entry.correlation_id,
+        "payload": entry.payload,
+        "prev_hash": entry.prev_hash,
+        "hash": entry.hash,
+    }
+
+
 class AuditLog:
     """The append-only, hash-chained audit log over one database."""
 
@@ -278,6 +292,57 @@ class AuditLog:
         The payload is sanitised before anything is written. Returns the stored
         record.
         """
+        build = self._prepare(kind, actor, payload, workload, correlation_id, time)
+        if conn is not None:
+            return self._append_in(conn, build)
+        return self._append_own(build)
+
+    def extend(self, records: Sequence[Mapping[str, Any]], conn: Connection) -> list[AuditEntry]:
+        """Append several records inside the caller's transaction, in order.
+
+        Each record is a mapping of :meth:`append`'s keyword arguments. The head
+        is read once and the rows go in one statement (what a group commit
+        writes); if another writer took a sequence number meanwhile, the records
+        are appended one by one instead, with :meth:`append`'s retries.
+        """
+        builds = [self._prepare(**r) for r in records]
+        if len(builds) <= 1:
+            return [self._append_in(conn, b) for b in builds]
+        savepoint = conn.begin_nested() if self._use_savepoint else None
+        seq, prev_hash = self._head(conn)
+        entries: list[AuditEntry] = []
+        for build in builds:
+            entry = build(seq + 1, prev_hash)
+            entries.append(entry)
+            seq, prev_hash = entry.seq, entry.hash
+        try:
+            conn.execute(_INSERT, [_row(e) for e in entries])
+        except IntegrityError:
+            if savepoint is not None:
+                savepoint.rollback()
+            # a lost race: another writer holds the first number (then none of these rows
+            # went in: the first one failed); else a real integrity error, which the
+            # caller's transaction rolls back
+            taken = conn.execute(
+                select(audit.c.hash).where(audit.c.seq == entries[0].seq)
+            ).scalar()
+            if taken is None or taken == entries[0].hash:
+                raise
+            return [self._append_in(conn, b) for b in builds]
+        if savepoint is not None:
+            savepoint.commit()
+        return entries
+
+    def _prepare(
+        self,
+        kind: str,
+        actor: str,
+        payload: Mapping[str, Any],
+        workload: str | None = None,
+        correlation_id: str | None = None,
+        time: float | None = None,
+    ) -> Callable[[int, str], AuditEntry]:
+        """Check and sanitise one record; returns how to build it at a given place."""
         if not isinstance(payload, Mapping):
             raise TypeError(f"audit payload must be a mapping, got {type(payload).__name__}")
         actor = sanitize_text(actor) if isinstance(actor, str) else actor
@@ -306,9 +371,7 @@ class AuditLog:
                 hash=entry_hash(seq, when, kind, actor, workload, correlation_id, body, prev_hash),
             )
 
-        if conn is not None:
-            return self._append_in(conn, build)
-        return self._append_own(build)
+        return build
 
     def append_decision(
         self, record: DecisionRecord, conn: Connection | None = None, time: float | None = None
@@ -366,20 +429,7 @@ class AuditLog:
         seq, prev_hash = self._head(conn)
         entry = build(seq + 1, prev_hash)
         try:
-            conn.execute(
-                _INSERT,
-                {
-                    "seq": entry.seq,
-                    "time": entry.time,
-                    "kind": entry.kind,
-                    "actor": entry.actor,
-                    "workload": entry.workload,
-                    "correlation_id": entry.correlation_id,
-                    "payload": entry.payload,
-                    "prev_hash": entry.prev_hash,
-                    "hash": entry.hash,
-                },
-            )
+            conn.execute(_INSERT, _row(entry))
         except IntegrityError as exc:
             raise _SeqTaken(entry.seq, exc) from exc
         return entry

@@ -305,16 +305,14 @@ class StoreWriter:
             repo.append_decisions(decisions, conn=c)
             repo.meta_set("version", str(version), conn=c)
             if audit is not None:
-                for rec in records:
-                    written.append(audit.append(conn=c, **rec))
-                for d in decisions:
-                    cid = self.correlate(d) if self.correlate is not None else d.cause_id
-                    written.append(
-                        audit.append(
-                            "decision", d.policy, d.to_dict(), workload=d.workload,
-                            correlation_id=cid, conn=c,
-                        )
-                    )
+                entries = [*records, *(
+                    {"kind": "decision", "actor": d.policy, "payload": d.to_dict(),
+                     "workload": d.workload,
+                     "correlation_id": self.correlate(d) if self.correlate is not None
+                     else d.cause_id}
+                    for d in decisions
+                )]
+                written.extend(audit.extend(entries, conn=c))
             if extra is not None:
                 extra(c)
 
