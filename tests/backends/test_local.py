@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,15 +53,6 @@ exec(SCAN, _ns)
 
 def procs_of(wid: str, attempt: int | None = None) -> list[list[int]]:
     return _ns["scan"](wid, attempt)  # type: ignore[operator,no-any-return]
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[LocalHarness]:
-    harness = LocalHarness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def node(name: str, cpu: str = "1", memory: str = "1Gi", **kw: object) -> NodeSpec:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -84,15 +82,6 @@ with open(a.out, "a") as f:
     f.write(json.dumps(info) + "\n")
 raise SystemExit(0)
 '''
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[LocalHarness]:
-    harness = LocalHarness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def gpu_node(h: LocalHarness) -> NodeSpec:

@@ -533,17 +533,19 @@ def test_lost_race_retries_on_the_new_head(
             assert conn.execute(select(schema.meta_kv.c.value)).scalar_one() == "kept"
 
 
+def _no_mallory(engine: Engine) -> tuple[str, str]:
+    """SQL that makes any record by 'mallory' a (non-sequence) integrity error, and its undo."""
+    if engine.dialect.name == "sqlite":
+        return ("CREATE TRIGGER no_mallory BEFORE INSERT ON audit WHEN NEW.actor = 'mallory' "
+                "BEGIN SELECT RAISE(ABORT, 'mallory may not write'); END",
+                "DROP TRIGGER no_mallory")
+    return ("ALTER TABLE audit ADD CONSTRAINT no_mallory CHECK (actor <> 'mallory')",
+            "ALTER TABLE audit DROP CONSTRAINT no_mallory")
+
+
 def test_a_real_integrity_error_is_not_retried(engine: Engine) -> None:
     """Only a taken seq is retried; any other constraint failure surfaces at once."""
-    if engine.dialect.name == "sqlite":
-        add = (
-            "CREATE TRIGGER no_mallory BEFORE INSERT ON audit WHEN NEW.actor = 'mallory' "
-            "BEGIN SELECT RAISE(ABORT, 'mallory may not write'); END"
-        )
-        drop = "DROP TRIGGER no_mallory"
-    else:
-        add = "ALTER TABLE audit ADD CONSTRAINT no_mallory CHECK (actor <> 'mallory')"
-        drop = "ALTER TABLE audit DROP CONSTRAINT no_mallory"
+    add, drop = _no_mallory(engine)
     log = make_log(engine)
     fill(log, 2)
     exec_sql(engine, add)
@@ -740,13 +742,7 @@ def test_extend_after_a_lost_race_appends_one_by_one(
 
 
 def test_extend_does_not_retry_a_real_integrity_error(engine: Engine) -> None:
-    if engine.dialect.name == "sqlite":
-        add = ("CREATE TRIGGER no_mallory BEFORE INSERT ON audit WHEN NEW.actor = 'mallory' "
-               "BEGIN SELECT RAISE(ABORT, 'mallory may not write'); END")
-        drop = "DROP TRIGGER no_mallory"
-    else:
-        add = "ALTER TABLE audit ADD CONSTRAINT no_mallory CHECK (actor <> 'mallory')"
-        drop = "ALTER TABLE audit DROP CONSTRAINT no_mallory"
+    add, drop = _no_mallory(engine)
     log = make_log(engine)
     fill(log, 2)
     exec_sql(engine, add)
