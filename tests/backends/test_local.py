@@ -16,7 +16,7 @@ import pytest
 
 from mlwe.backends.local import LocalBackend
 from mlwe.backends.local.daemon import DaemonConfigError, check_nodes
-from mlwe.backends.local.telemetry import GpuDevice, Nvml
+from mlwe.backends.local.telemetry import GpuDevice, Nvml, catalog_model
 from mlwe.core import ClusterSpec, NodeSpec, NodeStatus, State, WorkloadSpec
 from mlwe.core.actions import Released, Started
 from mlwe.core.backend import StartCommand, StopCommand, Telemetry
@@ -139,6 +139,51 @@ def test_nodes_that_fit_are_accepted_and_share_the_machine() -> None:
     )
     assert [c.gpu_indices for c in configs] == [(1,), (0,)]
     assert source == "nvml"
+
+
+DEVICES = [  # (NVML name, MiB NVML reports, the catalogue model it is declared as)
+    ("NVIDIA H200", 143771, "H200-141GB"),
+    ("NVIDIA A100-SXM4-80GB", 81559, "A100-80GB"),
+    ("NVIDIA H100 80GB HBM3", 81559, "H100-80GB"),
+    ("NVIDIA A100-PCIE-40GB", 40536, "A100-40GB"),
+    ("NVIDIA A10", 23028, "A10"),
+    ("NVIDIA L4", 23034, "L4"),
+    ("Tesla T4", 15360, "T4"),  # 6 % under the marketed 16 GiB
+    ("Tesla V100-SXM2-32GB", 32510, "V100-32GB"),
+    ("Tesla P100-PCIE-16GB", 16280, "P100"),
+    ("NVIDIA GeForce RTX 4090", 24564, "A10"),  # unnamed in the catalogue: by size
+    ("NVIDIA T400", 1871, None),  # smaller than every model
+]
+
+
+@pytest.mark.parametrize(("name", "mib", "model"), DEVICES, ids=[d[0] for d in DEVICES])
+def test_a_device_is_declared_as_the_catalogue_model_it_is(name: str, mib: int,
+                                                           model: str | None) -> None:
+    assert catalog_model(mib, name) == model
+    if model is not None:  # and the daemon accepts a node declared so on that device
+        configs, source = check_nodes(
+            [node("g0", gpus=1, gpu_model=model)], nvml=FakeNvml(mib),  # type: ignore[arg-type]
+            declared_gpus=False, cpus=2, memory_mib=24000)
+        assert source == "nvml" and configs[0].gpu_indices == (0,)
+
+
+def test_serve_local_declares_this_machines_gpus() -> None:
+    from mlwe.api.serve import local_cluster
+
+    def gpu_nodes(c: ClusterSpec) -> list[tuple[str, int, str | None]]:
+        return [(n.name, n.gpus, n.gpu_model) for n in c.all_nodes() if n.gpus]
+
+    h200 = GpuDevice(0, "NVIDIA H200", 143771)
+    assert gpu_nodes(local_cluster([h200])) == [("local-gpu-0", 1, "H200-141GB")]
+    t4s = [GpuDevice(i, "Tesla T4", 15360) for i in range(4)]
+    cluster = local_cluster(t4s)
+    assert gpu_nodes(cluster) == [("local-gpu-0", 4, "T4")]
+    check_nodes(list(cluster.all_nodes()), nvml=FakeNvml(*[15360] * 4),  # type: ignore[arg-type]
+                declared_gpus=False)
+    # no GPU: two T4s as an allocation only (labelled declared); too small a GPU: none
+    assert gpu_nodes(local_cluster([])) == [("local-gpu-0", 2, "T4")]
+    assert gpu_nodes(local_cluster([GpuDevice(0, "NVIDIA T400", 1871)])) == []
+    assert "local-cpu-0" in {n.name for n in local_cluster([]).all_nodes()}
 
 
 def test_the_daemon_command_refuses_an_oversized_node_with_a_clear_error() -> None:
@@ -361,11 +406,8 @@ def test_with_gpus_the_figures_come_from_nvml(h: LocalHarness) -> None:
     nv = Nvml.open()
     assert nv is not None
     dev = nv.devices[0]
-    model = max((m for m in ("T4", "A10", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB")
-                 if {"T4": 15360, "A10": 23028, "A100-40GB": 40960, "A100-80GB": 81920,
-                     "H100-80GB": 81920, "H200-141GB": 144384}[m] <= dev.memory_mib * 1.03),
-                key=lambda m: ("T4", "A10", "A100-40GB", "A100-80GB", "H100-80GB",
-                               "H200-141GB").index(m))
+    model = catalog_model(dev.memory_mib, dev.name)
+    assert model is not None, dev
     h.start([node("g0", gpus=1, gpu_model=model)])
     h.submit(spec("gpu-job", [PY, "-c", "import time; time.sleep(2)"],
                   resources={"gpu": 1, "cpu": "500m", "memory": "64Mi"}))

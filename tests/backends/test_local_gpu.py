@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from mlwe.backends.local.telemetry import Nvml, machine_memory_mib
+from mlwe.backends.local.telemetry import Nvml, catalog_model, machine_memory_mib
 from mlwe.core import NodeSpec, State, WorkloadSpec
 from mlwe.core.backend import StartCommand
 from mlwe.core.catalog import DEFAULT_CATALOG
@@ -88,9 +88,8 @@ def gpu_node(h: LocalHarness) -> NodeSpec:
     """One node over GPU 0, declared as the biggest catalogue model that device holds."""
     assert _NV is not None
     dev = _NV.devices[0]
-    model = max((m for m in DEFAULT_CATALOG.names()
-                 if DEFAULT_CATALOG[m].vram_mib * 0.97 <= dev.memory_mib),
-                key=lambda m: (DEFAULT_CATALOG[m].vram_mib, DEFAULT_CATALOG[m].rank))
+    model = catalog_model(dev.memory_mib, dev.name)
+    assert model is not None, dev
     # a Firecracker machine's memory starts small and grows: declare what it has now
     memory = min(16384, machine_memory_mib() // 2)
     return NodeSpec.model_validate({"name": "g0", "cpu": "4", "memory": f"{memory}Mi",

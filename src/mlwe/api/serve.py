@@ -10,9 +10,10 @@ admin token and prints it with the dashboard URL; only its hash is stored.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlwe.api.app import create_app
 from mlwe.api.auth import Role, TokenStore
@@ -26,6 +27,9 @@ from mlwe.runtime.clock import WallClock
 from mlwe.runtime.engine import Engine, EngineConfig
 from mlwe.runtime.simlive import LiveSimBackend
 from mlwe.sim.backend import SimBackendConfig
+
+if TYPE_CHECKING:
+    from mlwe.backends.local.telemetry import GpuDevice
 
 log = logging.getLogger("mlwe.serve")
 
@@ -45,22 +49,40 @@ class ServeError(RuntimeError):
     """The server cannot start as asked (the message says why and what to do)."""
 
 
-def local_cluster() -> ClusterSpec:
-    """A cluster this machine can really host (``--backend local``): its GPUs are declared
-    (there may be none), its CPU and memory a share of the machine's."""
+def local_cluster(gpus: Sequence[GpuDevice] | None = None) -> ClusterSpec:
+    """A cluster this machine can really host (``--backend local``, and the Ray cluster
+    ``--backend ray`` starts here): CPU and memory a share of the machine's, and a GPU
+    node over this machine's GPUs as NVML finds them (``gpus``: those devices instead),
+    declared as the catalogue model they hold. Without GPUs the GPU node has two T4s as
+    an allocation only, and its GPU figures are labelled declared."""
     import os
 
     import psutil
 
+    from mlwe.backends.local.telemetry import Nvml, catalog_model
+
+    if gpus is None:
+        nv = Nvml.open()
+        gpus = nv.devices if nv is not None else ()
+        if nv is not None:
+            nv.close()
     cores = max(2, os.cpu_count() or 2)
     mem_mib = int(psutil.virtual_memory().total / 2**20)
     per = max(1024, mem_mib // 8)
-    return ClusterSpec(
-        nodes=(
-            NodeSpec(name="local-gpu-0", gpu_model="T4", gpus=2, cpu=f"{cores * 250}m", memory=f"{per}Mi"),
-            NodeSpec(name="local-cpu-0", cpu=f"{cores * 250}m", memory=f"{per}Mi"),
-        )
-    )
+    share = {"cpu": f"{cores * 250}m", "memory": f"{per}Mi"}
+    nodes = [NodeSpec(name="local-cpu-0", **share)]
+    if not gpus:
+        nodes.insert(0, NodeSpec(name="local-gpu-0", gpu_model="T4", gpus=2, **share))
+    else:
+        small = min(gpus, key=lambda d: d.memory_mib)
+        model = catalog_model(small.memory_mib, small.name)
+        if model is None:
+            log.warning("no catalogue GPU model fits this machine's GPUs (%s): serving no GPU"
+                        " node", ", ".join(f"{d.name} {d.memory_mib} MiB" for d in gpus))
+        else:
+            nodes.insert(0, NodeSpec(name="local-gpu-0", gpu_model=model, gpus=len(gpus),
+                                     **share))
+    return ClusterSpec(nodes=tuple(nodes))
 
 
 def make_backend(

@@ -60,7 +60,13 @@ from mlwe.backends.local.protocol import (
     finite_metrics,
     is_fraction,
 )
-from mlwe.backends.local.telemetry import Nvml, host_sample, machine_memory_mib, usable_cpus
+from mlwe.backends.local.telemetry import (
+    VRAM_SLACK,
+    Nvml,
+    host_sample,
+    machine_memory_mib,
+    usable_cpus,
+)
 from mlwe.core.catalog import DEFAULT_CATALOG
 from mlwe.core.spec import NodeSpec
 
@@ -176,7 +182,8 @@ def check_nodes(
                 )
             elif s.gpu_model and nvml is not None:
                 need = DEFAULT_CATALOG[s.gpu_model].vram_mib if s.gpu_model in DEFAULT_CATALOG else 0
-                small = [d for d in (nvml.devices[i] for i in idx) if d.memory_mib < need * 0.97]
+                small = [d for d in (nvml.devices[i] for i in idx)
+                         if d.memory_mib < need * VRAM_SLACK]
                 if small:
                     d = small[0]
                     problems.append(

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
+
+from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
+
+#: a device counts as a catalogue model when it has at least this share of the model's
+#: VRAM: drivers report less than the marketed size (a T4 or an A10 shows ~6 % less,
+#: 15,360 of 16,384 MiB and 23,028 of 24,576 MiB; an H200 143,771 of 144,384)
+VRAM_SLACK = 0.93
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,21 @@ class Nvml:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._nv.nvmlShutdown()
+
+
+def catalog_model(memory_mib: int, name: str = "", catalog: GpuCatalog = DEFAULT_CATALOG
+                  ) -> str | None:
+    """The catalogue model a device can be declared as: among the models its memory
+    holds, those whose family its NVML name names (``NVIDIA A100-SXM4-80GB``: A100),
+    else all of them; of those the biggest (then the highest ranked). None if every
+    model is bigger than the device."""
+    fits = [catalog[m] for m in catalog.names() if catalog[m].vram_mib * VRAM_SLACK <= memory_mib]
+    named = [m for m in fits
+             if re.search(rf"\b{re.escape(m.name.split('-')[0])}\b", name, re.IGNORECASE)]
+    pool = named or fits
+    if not pool:
+        return None
+    return max(pool, key=lambda m: (m.vram_mib, m.rank)).name
 
 
 def usable_cpus() -> int:
