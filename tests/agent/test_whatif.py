@@ -10,9 +10,11 @@ from mlwe.core import (
     ControlPlane,
     Evict,
     ManualClock,
+    NodeStatus,
     Preempt,
     ReplicaResources,
     Retry,
+    SetNodeStatus,
     SetPriority,
     SetResources,
     State,
@@ -68,6 +70,16 @@ def test_a_fork_holds_the_same_state(sla: tuple[ControlPlane, ManualClock]) -> N
     # changing the fork changes nothing live
     ok(fork.apply([SetPriority("ft", 70), Cancel("train-0")]))
     assert cp.get("ft").priority == 50 and cp.get("train-0").state is State.RUNNING
+
+
+def test_a_fork_keeps_each_nodes_status(sla: tuple[ControlPlane, ManualClock]) -> None:
+    cp, clock = sla
+    nodes = cp.capacity.node_names()
+    ok(cp.apply([SetNodeStatus(nodes[0], NodeStatus.CORDONED, "maintenance")]))
+    fork = fork_state(cp, ManualClock(clock.now()))
+    assert [fork.node_status(n) for n in nodes] == [cp.node_status(n) for n in nodes]
+    assert fork.node_status(nodes[0]) is NodeStatus.CORDONED
+    assert fork.validate_state() == []
 
 
 def test_a_plan_that_saves_a_deadline_scores_better(sla: tuple[ControlPlane, ManualClock]) -> None:

@@ -35,7 +35,7 @@ from mlwe.core.lifecycle import State
 from mlwe.core.reconcile import Reconciler
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import ClusterSpec, NodePool, QueueSpec, WorkloadKind, WorkloadSpec
-from mlwe.sim.backend import SimBackend, SimBackendConfig
+from mlwe.sim.backend import SimBackend, SimBackendConfig, _Run
 from mlwe.sim.kernel import Kernel
 
 H = 3600.0
@@ -124,11 +124,7 @@ class WorldBackend(SimBackend):
                                                           "gpu_temp_c": 62.0 + errors}))
         self.kernel.at(now + (self.config.telemetry_interval_s or 300.0), self._node_sample, node)
 
-    def _sample(self, arg: tuple[str, int]) -> None:
-        run = self._current(*arg)
-        if run is None:
-            return
-        now = self.kernel.clock.t
+    def _metrics(self, run: _Run, now: float) -> dict[str, float]:
         spec = run.spec
         rng = self._rng
         gpus = spec.resources.gpu / 1000
@@ -152,11 +148,7 @@ class WorldBackend(SimBackend):
                 self._diverged_since.setdefault(run.workload, t_div)
                 loss *= math.exp((now - t_div) / 1200.0)
             metrics["loss"] = loss
-        for node in dict.fromkeys(run.nodes):
-            self.telemetry.append(Telemetry(now, node, run.workload, metrics))
-        iv = self.config.telemetry_interval_s
-        if iv:
-            self.kernel.at(now + iv, self._sample, arg)
+        return metrics
 
 
 # ==================================================================== scenario

@@ -30,15 +30,16 @@ from typing import Any
 from mlwe.agent.model import CandidatePlan, Forecast, Hazard, WhatIf
 from mlwe.agent.simdrive import SimDriver, release_with_checkpoint
 from mlwe.agent.triggers import SERVICE_LABEL
-from mlwe.core.actions import Action, AddNode, Exited, SetNodeStatus, SetQueue, Started, Submit
+from mlwe.core.actions import Action, AddNode, Exited, SetQueue, Started, Submit
 from mlwe.core.backend import StartCommand
+from mlwe.core.cluster import node_spec_of
 from mlwe.core.controlplane import NOT_ITS_FAULT, ControlPlane
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import HOLDING, QUEUED, TERMINAL, State, Transition
 from mlwe.core.model import Workload
 from mlwe.core.reconcile import Reconciler
 from mlwe.core.scheduler import Scheduler
-from mlwe.core.spec import NodeSpec, NodeStatus, WorkloadKind, WorkloadSpec
+from mlwe.core.spec import WorkloadKind, WorkloadSpec
 from mlwe.sim.backend import SimBackend, SimBackendConfig, _Run
 from mlwe.sim.kernel import Kernel
 
@@ -68,21 +69,6 @@ def state_digest(cp: ControlPlane) -> str:
 
 
 # ======================================================================== fork
-def _node_spec(cp: ControlPlane, name: str) -> NodeSpec:
-    info = cp.capacity.info(name)
-    return NodeSpec.model_validate(
-        {
-            "name": info.name,
-            "gpu_model": info.gpu_model,
-            "gpus": info.gpu_count,
-            "cpu": f"{info.capacity.cpu}m",
-            "memory": info.capacity.ram,
-            "labels": dict(info.labels),
-        },
-        context={"catalog": cp.catalog},
-    )
-
-
 def fork_state(cp: ControlPlane, clock: Any) -> ControlPlane:
     """A new control plane on ``clock`` holding a copy of ``cp``'s state.
 
@@ -93,17 +79,11 @@ def fork_state(cp: ControlPlane, clock: Any) -> ControlPlane:
     fork = ControlPlane(
         clock, catalog=cp.catalog, check_invariants=True, decision_sink=_discard
     )
-    for name in cp.capacity.node_names():
-        r = fork.apply([AddNode(_node_spec(cp, name))])
+    for name in cp.capacity.node_names():  # each with its status
+        r = fork.apply([AddNode(node_spec_of(cp, name))])
         if not r.accepted:
             raise RuntimeError(f"fork: node {name}: {'; '.join(r.reasons())}")
-    statuses = [
-        SetNodeStatus(n, cp.capacity.status(n), "forked")
-        for n in cp.capacity.node_names()
-        if cp.capacity.status(n) is not NodeStatus.READY
-    ]
-    queues = [SetQueue(q.spec) for q in cp.queues.values()]
-    r = fork.apply([*statuses, *queues])
+    r = fork.apply([SetQueue(q.spec) for q in cp.queues.values()])
     if not r.accepted:
         raise RuntimeError(f"fork: {'; '.join(r.reasons())}")
     copies = [

@@ -11,7 +11,7 @@ plane. Telemetry is observation, not state: it never changes the control plane.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,6 +50,24 @@ class StopCommand:
 
 
 Command = StartCommand | StopCommand
+
+
+def dispatch(
+    commands: Sequence[Command],
+    seen: set[str],
+    start: Callable[[StartCommand], None],
+    stop: Callable[[StopCommand], None],
+) -> None:
+    """Carry out each command once: a request id already in ``seen`` is skipped (the
+    idempotence every backend owes), a new one is recorded, then started or stopped."""
+    for c in commands:
+        if c.request_id in seen:
+            continue
+        seen.add(c.request_id)
+        if isinstance(c, StartCommand):
+            start(c)
+        else:
+            stop(c)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
 from mlwe.core.controlplane import ControlPlane
 from mlwe.core.decisions import DecisionRecord
-from mlwe.core.spec import ClusterSpec
+from mlwe.core.spec import ClusterSpec, NodeSpec
 
 
 def build_control_plane(
@@ -33,3 +33,20 @@ def build_control_plane(
         if not result.accepted:
             raise ValueError("; ".join(result.reasons()))
     return cp
+
+
+def node_spec_of(cp: ControlPlane, name: str) -> NodeSpec:
+    """The NodeSpec a node of ``cp`` was added with (as far as the control plane keeps it)."""
+    info = cp.capacity.info(name)
+    return NodeSpec.model_validate(
+        {
+            "name": info.name,
+            "gpu_model": info.gpu_model,
+            "gpus": info.gpu_count,
+            "cpu": f"{info.capacity.cpu}m",
+            "memory": info.capacity.ram,
+            "labels": dict(info.labels),
+            "status": cp.node_status(name).value,
+        },
+        context={"catalog": cp.catalog},
+    )

@@ -33,6 +33,7 @@ from mlwe.core.backend import (
     StartCommand,
     StopCommand,
     Telemetry,
+    dispatch,
 )
 from mlwe.core.spec import WorkloadKind, WorkloadSpec
 from mlwe.sim.kernel import Kernel
@@ -79,14 +80,7 @@ class SimBackend:
 
     # ------------------------------------------------------------------ protocol
     def send(self, commands: Sequence[Command]) -> None:
-        for c in commands:
-            if c.request_id in self._seen:
-                continue
-            self._seen.add(c.request_id)
-            if isinstance(c, StartCommand):
-                self._start(c)
-            elif isinstance(c, StopCommand):
-                self._stop(c)
+        dispatch(commands, self._seen, self._start, self._stop)
 
     def poll(self) -> list[Event]:
         out, self._out = self._out, []
@@ -236,6 +230,15 @@ class SimBackend:
         if run is None:
             return
         now = self.kernel.clock.t
+        metrics = self._metrics(run, now)
+        for node in dict.fromkeys(run.nodes):
+            self.telemetry.append(Telemetry(now, node, run.workload, metrics))
+        iv = self.config.telemetry_interval_s
+        if iv:
+            self.kernel.at(now + iv, self._sample, arg)
+
+    def _metrics(self, run: _Run, now: float) -> dict[str, float]:
+        """What one sample of a running workload reports (subclasses model more)."""
         spec = run.spec
         rng = self._rng
         gpus = spec.resources.gpu / 1000
@@ -249,8 +252,4 @@ class SimBackend:
             work = run.base_work + max(0.0, now - run.t_start - run.overhead)
             frac = work / max(1.0, self.durations[run.workload])
             metrics["loss"] = 2.5 * math.exp(-3.0 * frac) + 0.1 + 0.02 * rng.random()
-        for node in dict.fromkeys(run.nodes):
-            self.telemetry.append(Telemetry(now, node, run.workload, metrics))
-        iv = self.config.telemetry_interval_s
-        if iv:
-            self.kernel.at(now + iv, self._sample, arg)
+        return metrics

@@ -40,6 +40,7 @@ from mlwe.core.actions import (
 )
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
+from mlwe.core.cluster import node_spec_of
 from mlwe.core.controlplane import ApplyResult, ControlPlane, InvariantViolation
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import Transition
@@ -366,20 +367,3 @@ def attach(
 ) -> StoreWriter:
     """Persist ``cp``'s changes to ``repo`` from now on; call ``flush()`` before acknowledging."""
     return (writer or StoreWriter(repo)).attach(cp, sync=sync)
-
-
-def node_spec_of(cp: ControlPlane, name: str) -> NodeSpec:
-    """The NodeSpec a node of ``cp`` was added with (as far as the control plane keeps it)."""
-    info = cp.capacity.info(name)
-    return NodeSpec.model_validate(
-        {
-            "name": info.name,
-            "gpu_model": info.gpu_model,
-            "gpus": info.gpu_count,
-            "cpu": f"{info.capacity.cpu}m",
-            "memory": info.capacity.ram,
-            "labels": dict(info.labels),
-            "status": cp.node_status(name).value,
-        },
-        context={"catalog": cp.catalog},
-    )

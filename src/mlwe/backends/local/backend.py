@@ -67,6 +67,7 @@ from mlwe.core.backend import (
     StartCommand,
     StopCommand,
     Telemetry,
+    dispatch,
 )
 from mlwe.core.spec import ClusterSpec, NodeSpec
 
@@ -242,14 +243,7 @@ class LocalBackend:
     # ================================================================ protocol
     def send(self, commands: Sequence[Command]) -> None:
         with self._lock:
-            for c in commands:
-                if c.request_id in self._seen:
-                    continue
-                self._seen.add(c.request_id)
-                if isinstance(c, StartCommand):
-                    self._start(c)
-                elif isinstance(c, StopCommand):
-                    self._stop(c)
+            dispatch(commands, self._seen, self._start, self._stop)
 
     def poll(self) -> list[Event]:
         with self._lock:

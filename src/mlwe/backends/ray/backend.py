@@ -82,6 +82,7 @@ from mlwe.core.backend import (
     StartCommand,
     StopCommand,
     Telemetry,
+    dispatch,
 )
 from mlwe.core.capacity import ReplicaAlloc
 from mlwe.core.clock import Clock
@@ -323,14 +324,7 @@ class RayBackend:
 
     # ================================================================ protocol
     def send(self, commands: Sequence[Command]) -> None:
-        for c in commands:
-            if c.request_id in self._seen:
-                continue
-            self._seen.add(c.request_id)
-            if isinstance(c, StartCommand):
-                self._start(c)
-            elif isinstance(c, StopCommand):
-                self._stop(c)
+        dispatch(commands, self._seen, self._start, self._stop)
 
     def poll(self) -> list[Event]:
         now = time.monotonic()
