@@ -33,6 +33,9 @@ app.add_typer(events_app, name="events")
 from mlwe.agent.cli import agent_app  # noqa: E402  (the agent's commands live in mlwe.agent)
 
 app.add_typer(agent_app, name="agent")
+from mlwe.store.cli import quarantine_app  # noqa: E402
+
+app.add_typer(quarantine_app, name="quarantine")
 
 DataDir = Annotated[
     Path | None, typer.Option("--data-dir", help="data directory of the default SQLite store (./.mlwe)")

@@ -6,7 +6,7 @@ Every problem is reported with the file and the field path
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +14,16 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from yaml.composer import ComposerError
+from yaml.constructor import ConstructorError
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode
 
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.spec import ClusterSpec, WorkloadSpec
+from mlwe.jsontext import DocumentError, loads_json
+
+__all__ = ["DocumentError", "SpecLoader", "loads_json", "loads_yaml"]
 
 
 @dataclass(frozen=True)
@@ -49,11 +56,66 @@ def _loc(prefix: str, loc: Iterable[int | str]) -> str:
     return out
 
 
+class SpecLoader(yaml.SafeLoader):
+    """YAML for specs: no aliases (a small document must not expand into a huge one),
+    no duplicate keys (last-wins would silently drop a field), finite numbers only."""
+
+    def compose_node(self, parent: Any, index: int) -> Any:
+        if self.check_event(AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise ComposerError(
+                None, None, "YAML aliases (*name) are not accepted in specs", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # an unhashable key: the base class reports it
+                if first is not None:
+                    raise ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"duplicate key {key!r} (first at line {first.line + 1})",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_float(self, node: Any) -> float:
+        value = super().construct_yaml_float(node)
+        if not math.isfinite(value):
+            raise ConstructorError(
+                None, None, f"{node.value!r} is not a finite number", node.start_mark
+            )
+        return float(value)
+
+
+SpecLoader.add_constructor("tag:yaml.org,2002:float", SpecLoader.construct_yaml_float)
+
+
+def loads_yaml(text: str) -> list[Any]:
+    """Every document of a YAML stream, read with :class:`SpecLoader`; raises
+    :class:`DocumentError` with the line of the problem."""
+    try:
+        return [d for d in yaml.load_all(text, Loader=SpecLoader) if d is not None]
+    except yaml.YAMLError as exc:
+        raise DocumentError(f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise DocumentError("invalid YAML: nested too deeply") from None
+    except ValueError:  # an integer past Python's digit limit
+        raise DocumentError("invalid YAML: a number has too many digits") from None
+
+
 def read_documents(path: Path) -> list[Any]:
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".json":
-        return [json.loads(text)]
-    return [d for d in yaml.safe_load_all(text) if d is not None]
+        return [loads_json(text)]
+    return loads_yaml(text)
 
 
 def parse_workloads(
@@ -98,7 +160,7 @@ def load_workloads(path: str | Path, catalog: GpuCatalog = DEFAULT_CATALOG) -> l
     p = Path(path)
     try:
         docs = read_documents(p)
-    except (OSError, yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (OSError, DocumentError, UnicodeDecodeError) as exc:
         raise SpecFileError([SpecError(str(p), "", f"cannot read: {exc}")]) from None
     specs: list[WorkloadSpec] = []
     errors: list[SpecError] = []
@@ -118,7 +180,7 @@ def load_model(
     p = Path(path)
     try:
         docs = read_documents(p)
-    except (OSError, yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (OSError, DocumentError, UnicodeDecodeError) as exc:
         raise SpecFileError([SpecError(str(p), "", f"cannot read: {exc}")]) from None
     if len(docs) != 1:
         raise SpecFileError([SpecError(str(p), "", "expected exactly one document")])

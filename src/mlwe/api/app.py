@@ -109,6 +109,12 @@ def create_app(
             "store": "ok" if not h.get("degraded") else "degraded",
             "loop": "running" if h.get("loop_running") else "stopped",
         }
+        n = len(h.get("quarantined") or ())
+        if n:  # the engine runs, but some stored records did not come back: say so loudly
+            checks["quarantine"] = (
+                f"{n} stored record(s) could not be loaded on start and are quarantined;"
+                " see `mlwe quarantine list`"
+            )
         body = {"status": "ready" if ready else "not ready", "checks": checks}
         return JSONResponse(body, status_code=200 if ready else 503)
 

@@ -1,23 +1,19 @@
 """Parsing workload specs from a request body (JSON or YAML), safely.
 
-YAML anchors and aliases are refused: with them a small document can expand
-into a huge one (the "billion laughs"), and specs never need them. JSON is
-parsed with the standard library; nesting too deep for it is a clear error.
+Read with :mod:`mlwe.specfile`'s strict loaders: YAML anchors and aliases are
+refused (with them a small document can expand into a huge one, the "billion
+laughs"), duplicate keys are an error, numbers must be finite (no ``NaN``,
+``Infinity``, ``.inf``, no integers of thousands of digits); nesting too deep
+is a clear error.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
-
-import yaml
-from yaml.composer import ComposerError
-from yaml.events import AliasEvent
-from yaml.nodes import Node
 
 from mlwe.core.catalog import GpuCatalog
 from mlwe.core.spec import WorkloadSpec
-from mlwe.specfile import parse_workloads
+from mlwe.specfile import DocumentError, loads_json, loads_yaml, parse_workloads
 
 JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
@@ -28,16 +24,6 @@ class BodyError(ValueError):
         self.errors = errors
         self.status = status
         super().__init__("; ".join(f"{p}: {m}" if p else m for p, m in errors))
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    def compose_node(self, parent: Node | None, index: int) -> Node | None:
-        if self.check_event(AliasEvent):
-            event = self.peek_event()  # type: ignore[no-untyped-call]
-            raise ComposerError(
-                None, None, "YAML aliases (*name) are not accepted in specs", event.start_mark
-            )
-        return super().compose_node(parent, index)
 
 
 def media_type(content_type: str | None) -> str:
@@ -54,18 +40,14 @@ def read_documents(body: bytes, content_type: str | None) -> list[Any]:
         raise BodyError([("", "empty body: send a workload spec, a list of them, or {workloads: [...]}")])
     if kind in JSON_TYPES:
         try:
-            return [json.loads(text)]
-        except json.JSONDecodeError as exc:
-            raise BodyError([("", f"invalid JSON: {exc}")]) from None
-        except RecursionError:
-            raise BodyError([("", "invalid JSON: nested too deeply")]) from None
+            return [loads_json(text)]
+        except DocumentError as exc:
+            raise BodyError([("", str(exc))]) from None
     if kind in YAML_TYPES:
         try:
-            docs = [d for d in yaml.load_all(text, Loader=_NoAliasLoader) if d is not None]
-        except yaml.YAMLError as exc:
-            raise BodyError([("", f"invalid YAML: {exc}")]) from None
-        except RecursionError:
-            raise BodyError([("", "invalid YAML: nested too deeply")]) from None
+            docs = loads_yaml(text)
+        except DocumentError as exc:
+            raise BodyError([("", str(exc))]) from None
         if not docs:
             raise BodyError([("", "the YAML body holds no document")])
         return docs

@@ -2,11 +2,13 @@
 
 Each submission must be durable before it is acknowledged. One fsync per
 request would cap the API at a few hundred submissions per second, so
-concurrent requests are queued and handed to the engine in batches: every
-request in a batch is still its own all-or-nothing ``apply`` with its own
-actor, correlation id and audit record (nothing is merged), but the batch is
-made durable by one commit. A batch forms by itself while the previous one
-is being written, so a lone request waits for nobody.
+concurrent requests are queued and handed to the engine in batches
+(``Engine.submit_many``, the engine's one request path): every request in a
+batch is still its own all-or-nothing ``apply`` with its own actor,
+correlation id and audit record (nothing is merged), but the batch is made
+durable by one commit, and if the store cannot take it, none of it is kept.
+A batch forms by itself while the previous one is being written, so a lone
+request waits for nobody.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from mlwe.core.actions import Submit
 from mlwe.core.controlplane import ApplyResult
 from mlwe.core.spec import WorkloadSpec
 from mlwe.runtime.engine import Engine
@@ -28,33 +29,9 @@ Request = tuple[Sequence[WorkloadSpec], str, str]  # specs, actor, correlation i
 
 
 def submit_many(engine: Engine, requests: Sequence[Request]) -> list[ApplyResult]:
-    """Independent submissions (each applied and audited on its own), durable together.
-
-    Uses ``Engine.submit_many`` when the engine has it; otherwise does the same
-    through the engine's control plane, store writer and group commit.
-    """
-    native = getattr(engine, "submit_many", None)
-    if callable(native):
-        out: list[ApplyResult] = native(requests)
-        return out
-    results: list[ApplyResult] = []
-    with engine.lock:
-        for specs, actor, cid in requests:
-            result = engine.cp.apply([Submit(s) for s in specs], cause_id=cid)
-            if result.accepted:
-                # the same audit record Engine.submit writes for one request
-                engine.writer.note_audit(
-                    "request",
-                    actor,
-                    {"action": "submit", "workloads": list(result.created)},
-                    workload=result.created[0] if len(result.created) == 1 else None,
-                    correlation_id=cid,
-                )
-            results.append(result)
-    if any(r.accepted for r in results):
-        engine._commit()  # returns once everything applied above is durable
-        engine.wake(soon=True)  # a burst of submissions shares one scheduling cycle
-    return results
+    """Independent submissions (each applied and audited on its own), durable together,
+    through the engine's one request path (``Engine.submit_many``)."""
+    return engine.submit_many(requests)
 
 
 class SubmitQueue:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from mlwe.jsontext import loads_json
+
 #: The reserved first token of dead-letter subjects.
 DLQ_TOKEN = "dlq"
 #: The durable consumer group a consumer joins when it names none.
@@ -144,7 +146,7 @@ class Envelope:
     def from_bytes(cls, data: bytes | str, *, attempt: int = 1) -> Envelope:
         """Parse the wire form; a malformed document raises :class:`EnvelopeError`."""
         try:
-            doc = json.loads(data)
+            doc = loads_json(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise EnvelopeError(f"envelope is not JSON: {exc}") from exc
         if not isinstance(doc, dict):

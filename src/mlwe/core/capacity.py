@@ -157,6 +157,23 @@ class CapacityIndex:
         self._by_model.setdefault(model, []).append(info.name)
         self._reindex(info.name)
 
+    def remove_node(self, name: str) -> None:
+        """Take back :meth:`add_node` of a node that holds nothing (an undone addition)."""
+        if not self._base:
+            raise RuntimeError("nodes are removed from the control plane's index, not a fork")
+        info = self._info[name]
+        c = info.capacity
+        if self._free[name] != [c.gpu, c.vram, c.cpu, c.ram]:
+            raise ValueError(f"node {name!r} holds resources; it cannot be removed")
+        key = self._key.pop(name, None)
+        if key is not None:
+            self._buckets[key].pop(name, None)
+        if info.gpu_model is not None and info.gpu_model in self._partial:
+            self._partial[info.gpu_model].pop(name, None)
+        self._by_model[info.gpu_model or ""].remove(name)
+        del self._info[name], self._free[name], self._dev[name], self._status[name]
+        # _max_level may now overstate the largest node of the model: it only bounds searches
+
     def fork(self) -> CapacityIndex:
         """A copy-on-write view: changes to it never reach this index."""
         f = CapacityIndex.__new__(CapacityIndex)

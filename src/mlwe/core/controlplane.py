@@ -102,6 +102,23 @@ class _Txn:
         self.undo.clear()
 
 
+@dataclass(slots=True)
+class Savepoint:
+    """Where :meth:`ControlPlane.rollback_to` takes the state back to: every batch
+    applied since :meth:`ControlPlane.savepoint` keeps its undo log here.
+
+    The runtime takes one around requests it still has to make durable: if the
+    store cannot take them, they are undone in memory too (an error answer means
+    nothing was kept)."""
+
+    version: int
+    decision_seq: int
+    decisions: int
+    counters: dict[str, int]
+    undo: list[list[Callable[[], None]]] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+
+
 class ControlPlane:
     """Holds the cluster state and is the only thing that changes it."""
 
@@ -143,7 +160,40 @@ class ControlPlane:
         self._max_events = max_remembered_events
         self.invariant_checks = 0
         self.counters: dict[str, int] = {}
+        self._savepoint: Savepoint | None = None
         self._put_queue(QueueSpec(name=DEFAULT_QUEUE))
+
+    # ============================================================== savepoints
+    def savepoint(self) -> Savepoint:
+        """Start keeping the undo log of every applied batch (one savepoint at a time)."""
+        if self._savepoint is not None:
+            raise RuntimeError("a savepoint is already open")
+        sp = Savepoint(self.version, self._decision_seq, len(self.decisions), dict(self.counters))
+        self._savepoint = sp
+        return sp
+
+    def release(self, sp: Savepoint) -> None:
+        """Keep what was applied since ``sp`` (it is durable now)."""
+        if self._savepoint is sp:
+            self._savepoint = None
+
+    def rollback_to(self, sp: Savepoint) -> None:
+        """Undo every batch applied since ``sp``, newest first, and close it.
+
+        Listeners have seen those batches: whoever buffered what they said
+        (the store writer, the reconciler) rolls its buffers back too."""
+        if self._savepoint is not sp:
+            raise RuntimeError("not the open savepoint")
+        for undo in reversed(sp.undo):
+            for fn in reversed(undo):
+                fn()
+        for event_id in sp.events:
+            self._events.pop(event_id, None)
+        self.version = sp.version
+        self._decision_seq = sp.decision_seq
+        del self.decisions[sp.decisions :]
+        self.counters = sp.counters
+        self._savepoint = None
 
     # ================================================================= reading
     def now(self) -> float:
@@ -278,7 +328,7 @@ class ControlPlane:
             if problems:
                 txn.rollback()
                 raise InvariantViolation("; ".join(problems[:20]))
-        if not txn.undo and not txn.touched_nodes:  # an added node has no undo entry
+        if not txn.undo and not txn.touched_nodes:
             # only acknowledged no-ops (stale or repeated facts): nothing changed, so
             # plans decided on this version stay valid
             if event_id is not None:
@@ -287,6 +337,10 @@ class ControlPlane:
         self.version += 1
         if event_id is not None:
             self._remember_event(event_id)
+        if self._savepoint is not None:
+            self._savepoint.undo.append(txn.undo)
+            if event_id is not None:
+                self._savepoint.events.append(event_id)
         for w, tr in txn.transitions:
             for listener in self.listeners:
                 listener(w, tr)
@@ -810,8 +864,6 @@ class ControlPlane:
             return [f"node {spec.name!r} already exists"]
         if spec.gpu_model and spec.gpu_model not in self.catalog:
             return [f"unknown GPU model {spec.gpu_model!r}"]
-        if txn.undo:
-            return ["add nodes in a batch of their own (node additions are not undoable)"]
         vram = self.catalog[spec.gpu_model].vram_mib if spec.gpu_model else 0
         info = NodeInfo(
             name=spec.name,
@@ -825,6 +877,12 @@ class ControlPlane:
         self.capacity.add_node(info, spec.status)
         self.on_node[spec.name] = {}
         txn.touched_nodes[spec.name] = None
+
+        def undo() -> None:
+            self.capacity.remove_node(spec.name)
+            del self.on_node[spec.name]
+
+        txn.undo.append(undo)
         return []
 
     def _set_node_status(self, txn: _Txn, a: SetNodeStatus) -> list[str]:
@@ -968,12 +1026,22 @@ class ControlPlane:
         self.queues[spec.name] = q
 
     # ================================================================ restore
-    def restore(self, workloads: Iterable[Workload], version: int, decision_seq: int = 0) -> None:
+    def restore(
+        self,
+        workloads: Iterable[Workload],
+        version: int,
+        decision_seq: int = 0,
+        *,
+        reject: Callable[[Workload, list[str]], None] | None = None,
+    ) -> None:
         """Load workloads recovered from a store into an empty control plane.
 
         Nodes and queues are added first (through ``apply``). Every record is
         checked: its resources are taken through the same capacity checks as a
         placement, and the full invariant sweep must pass, or nothing is loaded.
+        With ``reject``, a record that fails its own checks (unknown queue, a
+        placement its node cannot hold, a duplicate id) is left out and handed
+        to ``reject`` with the reasons, and the others are loaded.
         """
         if self.workloads:
             raise ValueError("restore needs a control plane without workloads")
@@ -982,34 +1050,12 @@ class ControlPlane:
         problems: list[str] = []
         try:
             for w in workloads:
-                if w.id in self.workloads:
-                    problems.append(f"duplicate workload {w.id}")
-                    continue
-                if w.spec.queue not in self.queues:
-                    problems.append(f"{w.id}: unknown queue {w.spec.queue!r}")
-                    continue
-                self.workloads[w.id] = w
-                loaded.append(w)
-                if w.state in QUEUED:
-                    self.queued[w.id] = None
-                if w.placement:
-                    if w.state not in HOLDING:
-                        problems.append(f"{w.id}: {w.state.value} but holds resources")
-                        continue
-                    q = self.queues[w.queue]
-                    for a in w.placement:
-                        why = self.capacity.check(a)
-                        if why:
-                            problems += [f"{w.id}: {p}" for p in why]
-                            continue
-                        self.capacity.allocate(a)
-                        taken.append((w, a))
-                        self.on_node.setdefault(a.node, {})[w.id] = None
-                        _add(q.usage, a.res, 1)
-                    hp = self.holding_by_priority
-                    hp[w.priority] = hp.get(w.priority, 0) + 1
-                    self.holding_epoch += 1
-                self._seq = max(self._seq, w.seq)
+                mine = self._restore_one(w, loaded, taken)
+                if mine and reject is not None:
+                    self._unrestore(w, loaded, taken)
+                    reject(w, mine)
+                else:
+                    problems += mine
             if not problems:
                 problems = self.validate_state()
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
@@ -1027,6 +1073,60 @@ class ControlPlane:
             raise InvariantViolation("restored state is invalid: " + "; ".join(problems[:20]))
         self.version = version
         self._decision_seq = max(self._decision_seq, decision_seq)
+
+    def _restore_one(
+        self, w: Workload, loaded: list[Workload], taken: list[tuple[Workload, ReplicaAlloc]]
+    ) -> list[str]:
+        """Load one record (``restore``); the reasons it cannot be, if any."""
+        if w.id in self.workloads:
+            return [f"duplicate workload {w.id}"]
+        if w.spec.queue not in self.queues:
+            return [f"{w.id}: unknown queue {w.spec.queue!r}"]
+        self.workloads[w.id] = w
+        loaded.append(w)
+        if w.state in QUEUED:
+            self.queued[w.id] = None
+        problems: list[str] = []
+        if w.placement:
+            if w.state not in HOLDING:
+                return [f"{w.id}: {w.state.value} but holds resources"]
+            q = self.queues[w.queue]
+            for a in w.placement:
+                why = self.capacity.check(a) if a.node in self.capacity else [
+                    f"placed on unknown node {a.node!r}"]
+                if why:
+                    problems += [f"{w.id}: {p}" for p in why]
+                    continue
+                self.capacity.allocate(a)
+                taken.append((w, a))
+                self.on_node.setdefault(a.node, {})[w.id] = None
+                _add(q.usage, a.res, 1)
+            hp = self.holding_by_priority
+            hp[w.priority] = hp.get(w.priority, 0) + 1
+            self.holding_epoch += 1
+        self._seq = max(self._seq, w.seq)
+        return problems
+
+    def _unrestore(
+        self, w: Workload, loaded: list[Workload], taken: list[tuple[Workload, ReplicaAlloc]]
+    ) -> None:
+        """Take one record's load back out (it was rejected)."""
+        for i in range(len(taken) - 1, -1, -1):
+            tw, a = taken[i]
+            if tw is w:
+                self.capacity.release(a)
+                self.on_node[a.node].pop(w.id, None)
+                _add(self.queues[w.queue].usage, a.res, -1)
+                del taken[i]
+        if loaded and loaded[-1] is w:
+            loaded.pop()
+            self.workloads.pop(w.id, None)
+            self.queued.pop(w.id, None)
+            if w.placement and w.state in HOLDING:
+                hp = self.holding_by_priority
+                hp[w.priority] -= 1
+                if not hp[w.priority]:
+                    del hp[w.priority]
 
     # ============================================================== invariants
     def _check_touched(self, txn: _Txn) -> list[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections.abc import Sequence
+from typing import Any
 
 from mlwe.core.actions import Action, Exited, Retry, SetNodeStatus, Start
 from mlwe.core.backend import Command, Event, NodeDown, NodeUp, StartCommand, StopCommand
@@ -77,6 +78,18 @@ class Reconciler:
         self._seq = 0
         self.rejected: list[ApplyResult] = []
         cp.listeners.append(self._on_transition)
+
+    # ----------------------------------------------------------------- marks
+    def mark(self) -> tuple[Any, ...]:
+        """What is owed to the backend now; :meth:`reset` goes back to it (the runtime
+        does when batches it applied are rolled back: their commands are not owed)."""
+        return (dict(self._to_start), dict(self._to_stop), list(self._retries), self._seq)
+
+    def reset(self, mark: tuple[Any, ...]) -> None:
+        start, stop, retries, seq = mark
+        self._to_start, self._to_stop, self._retries, self._seq = (
+            dict(start), dict(stop), list(retries), seq
+        )
 
     # ------------------------------------------------------------- transitions
     def _on_transition(self, w: Workload, tr: Transition) -> None:

@@ -8,6 +8,7 @@ byte-identical across runs.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -18,6 +19,16 @@ RESOURCE_UNITS: Final = {"gpu": "milli-GPU", "vram": "MiB", "cpu": "milli-CPU", 
 #: Stands for "no limit" in quotas; large enough never to be reached, small
 #: enough to stay an exact int in every arithmetic we do.
 UNLIMITED: Final = 1 << 60
+
+#: The largest quantities a spec may give (every edge checks them, so that nothing
+#: non-finite or overflowing reaches the control plane, the store or a stream):
+#: 1 EiB of memory, a million cores, 10,000 GPUs, a century of seconds.
+MAX_MEMORY_MIB: Final = 1 << 40
+MAX_CPU_MILLI: Final = 1_000_000_000
+MAX_GPU_MILLI: Final = 10_000_000
+MAX_SECONDS: Final = 100 * 365 * 86400.0
+#: Quantity strings longer than this are refused before any arithmetic.
+_MAX_QTY_CHARS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +123,23 @@ _MEM_UNITS: Final = {
 _QTY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
+def _number(value: int | float, what: str, limit: float) -> float | int:
+    """``value`` if it is a finite number in [0, limit] (in the quantity's own unit)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, not {value}")
+    if value < 0:
+        raise ValueError(f"{what} must not be negative")
+    if value > limit:
+        raise ValueError(f"{what} is too large (at most {int(limit):,})")
+    return value
+
+
+def _qty_text(value: str, what: str) -> str:
+    if len(value) > _MAX_QTY_CHARS:
+        raise ValueError(f"{what} {value[:20]!r}... is too long ({len(value)} characters)")
+    return value
+
+
 def parse_memory_mib(value: object) -> int:
     """Parse a memory quantity into MiB.
 
@@ -121,12 +149,10 @@ def parse_memory_mib(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError("memory quantity must be a number or a string like '16Gi'")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("memory quantity must not be negative")
-        return round(value)
+        return round(_number(value, "memory quantity (MiB)", MAX_MEMORY_MIB))
     if not isinstance(value, str):
         raise ValueError("memory quantity must be a number (MiB) or a string like '16Gi'")
-    m = _QTY.match(value)
+    m = _QTY.match(_qty_text(value, "memory quantity"))
     if not m:
         raise ValueError(f"cannot parse memory quantity {value!r} (expected e.g. '16Gi', '512Mi')")
     number, unit = float(m.group(1)), m.group(2).lower()
@@ -134,7 +160,7 @@ def parse_memory_mib(value: object) -> int:
         raise ValueError(
             f"unknown memory unit {m.group(2)!r} in {value!r} (use Mi, Gi, Ti, MB, GB)"
         )
-    return round(number * _MEM_UNITS[unit])
+    return round(_number(number * _MEM_UNITS[unit], f"memory quantity {value!r} in MiB", MAX_MEMORY_MIB))
 
 
 def parse_cpu_milli(value: object) -> int:
@@ -142,16 +168,15 @@ def parse_cpu_milli(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError("cpu quantity must be a number of cores or a string like '500m'")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("cpu quantity must not be negative")
-        return round(value * 1000)
+        return round(_number(value, "cpu quantity (cores)", MAX_CPU_MILLI / 1000) * 1000)
     if not isinstance(value, str):
         raise ValueError("cpu quantity must be a number of cores or a string like '500m'")
-    m = _QTY.match(value)
+    m = _QTY.match(_qty_text(value, "cpu quantity"))
     if not m or m.group(2) not in ("", "m"):
         raise ValueError(f"cannot parse cpu quantity {value!r} (expected e.g. '4', '1.5', '500m')")
     number = float(m.group(1))
-    return round(number) if m.group(2) == "m" else round(number * 1000)
+    milli = number if m.group(2) == "m" else number * 1000
+    return round(_number(milli, f"cpu quantity {value!r} in milli-CPU", MAX_CPU_MILLI))
 
 
 def parse_gpu_milli(value: object) -> int:
@@ -159,15 +184,14 @@ def parse_gpu_milli(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError("gpu quantity must be a number of GPUs")
     if isinstance(value, str):
-        m = _QTY.match(value)
+        m = _QTY.match(_qty_text(value, "gpu quantity"))
         if not m or m.group(2) not in ("", "m"):
             raise ValueError(f"cannot parse gpu quantity {value!r} (expected e.g. 1, 0.5, '250m')")
         number = float(m.group(1))
-        return round(number) if m.group(2) == "m" else round(number * 1000)
+        milli = number if m.group(2) == "m" else number * 1000
+        return round(_number(milli, f"gpu quantity {value!r} in milli-GPU", MAX_GPU_MILLI))
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("gpu quantity must not be negative")
-        return round(value * 1000)
+        return round(_number(value, "gpu quantity (GPUs)", MAX_GPU_MILLI / 1000) * 1000)
     raise ValueError("gpu quantity must be a number of GPUs")
 
 
@@ -179,16 +203,16 @@ def parse_duration_s(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("duration must be seconds or a string like '1h30m'")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("duration must not be negative")
-        return float(value)
+        return float(_number(value, "duration (seconds)", MAX_SECONDS))
     if not isinstance(value, str):
         raise ValueError("duration must be seconds or a string like '1h30m'")
-    text = value.strip().lower().replace(" ", "")
+    text = _qty_text(value, "duration").strip().lower().replace(" ", "")
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         pass
+    else:
+        return float(_number(number, f"duration {value!r}", MAX_SECONDS))
     pos, total = 0, 0.0
     scale = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
     for m in _DUR.finditer(text):
@@ -198,7 +222,7 @@ def parse_duration_s(value: object) -> float:
         pos = m.end()
     if pos != len(text) or not text:
         raise ValueError(f"cannot parse duration {value!r} (expected e.g. 3600, '90m', '1h30m')")
-    return total
+    return float(_number(total, f"duration {value!r} in seconds", MAX_SECONDS))
 
 
 def format_duration(seconds: float) -> str:

@@ -48,8 +48,13 @@ DEFAULT_PRIORITY_CLASSES: Final[Mapping[str, int]] = MappingProxyType(
     }
 )
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Ids and names of things (workloads, queues, nodes): matched in full (a trailing
+#: newline is not allowed, as ``$`` would).
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: Engine-clock times (absolute deadlines) are at most this (the year 5138 as epoch
+#: seconds; a simulated clock starts at 0).
+MAX_TIME: Final = 1e11
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Environment variables a backend sets for every workload (MLWE_* too): a spec may not.
 RESERVED_ENV: Final = frozenset({"CUDA_VISIBLE_DEVICES"})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -92,7 +97,7 @@ PositiveSeconds = Annotated[float, BeforeValidator(parse_duration_s), Field(gt=0
 
 
 def _check_id(v: str | None) -> str | None:
-    if v is not None and not _ID.match(v):
+    if v is not None and not _ID.fullmatch(v):
         raise ValueError(
             "must start with a letter or digit and contain only letters, digits, '.', '_' or '-'"
             " (at most 128 characters)"
@@ -103,7 +108,7 @@ def _check_id(v: str | None) -> str | None:
 class ReplicaResources(BaseModel):
     """Resources of one replica. GPUs are whole (1, 2, 8) or one fraction (< 1)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     gpu: GpuMilli = 0
     vram: MemoryMiB | None = Field(
@@ -139,7 +144,7 @@ class ReplicaResources(BaseModel):
 class WorkloadSpec(BaseModel):
     """A workload as the user asks for it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     id: str | None = Field(default=None, description="stable id; assigned on submit when absent")
     name: str = Field(min_length=1, max_length=200)
@@ -153,7 +158,9 @@ class WorkloadSpec(BaseModel):
     min_vram_per_gpu: MemoryMiB = 0
     node_selector: dict[str, str] = Field(default_factory=dict)
     estimated_duration: PositiveSeconds | None = None
-    deadline: float | None = Field(default=None, gt=0, description="absolute, engine clock seconds")
+    deadline: float | None = Field(
+        default=None, gt=0, le=MAX_TIME, description="absolute, engine clock seconds"
+    )
     deadline_in: PositiveSeconds | None = Field(
         default=None, description="relative deadline, resolved at submission"
     )
@@ -194,7 +201,7 @@ class WorkloadSpec(BaseModel):
     @classmethod
     def _valid_env(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if not _ENV_NAME.match(key):
+            if not _ENV_NAME.fullmatch(key):
                 raise ValueError(
                     f"environment variable name {key!r} must be letters, digits and '_',"
                     " not starting with a digit"
@@ -286,7 +293,7 @@ class WorkloadSpec(BaseModel):
 class NodeSpec(BaseModel):
     """A node of the cluster: a GPU node of one model, or a CPU / high-memory node."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
     gpu_model: str | None = None
@@ -329,13 +336,13 @@ class QueueSpec(BaseModel):
     caps how far above nominal the queue may go using its cohort's idle quota.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
     cohort: str | None = None
     nominal: ReplicaQuota | None = None
     borrowing_limit: ReplicaQuota | None = None
-    weight: float = Field(default=1.0, gt=0)
+    weight: float = Field(default=1.0, gt=0, le=1e6)
 
     @field_validator("name")
     @classmethod
@@ -356,7 +363,7 @@ class QueueSpec(BaseModel):
 class ReplicaQuota(BaseModel):
     """A quota vector; a resource left out is unlimited."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_serializer("gpu", "cpu")
     def _milli(self, v: int | None) -> str | None:
@@ -377,7 +384,7 @@ class ReplicaQuota(BaseModel):
 class ClusterSpec(BaseModel):
     """Nodes (explicit, or ``pools`` of identical nodes) and queues."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     nodes: tuple[NodeSpec, ...] = ()
     pools: tuple[NodePool, ...] = ()
@@ -418,7 +425,7 @@ class ClusterSpec(BaseModel):
 
 
 class NodePool(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     prefix: str
 

@@ -57,7 +57,7 @@ from mlwe.core.backend import Backend, Command, StartCommand, StopCommand, Telem
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
 from mlwe.core.cluster import build_control_plane
-from mlwe.core.controlplane import ApplyResult, ControlPlane, Rejection
+from mlwe.core.controlplane import ApplyResult, ControlPlane, InvariantViolation, Rejection
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import HOLDING, State, Transition
 from mlwe.core.model import Workload
@@ -65,13 +65,20 @@ from mlwe.core.reconcile import Reconciler, correlation_of, start_command
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import ClusterSpec, NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
 from mlwe.runtime.clock import WallClock
+from mlwe.runtime.requests import (
+    Request,
+    StoreRefused,
+    audit_payload,
+    inadmissible,
+    screen,
+    submit_request,
+)
 from mlwe.runtime.streams import StreamHub
 from mlwe.store import db
 from mlwe.store import schema as S
 from mlwe.store.audit import AuditEntry, AuditLog
-from mlwe.store.recovery import StoreWriter, recover
+from mlwe.store.recovery import Quarantined, StoreWriter, recover
 from mlwe.store.repository import Repository, TelemetrySample
-from mlwe.store.sanitize import sanitize
 
 log = logging.getLogger("mlwe.engine")
 
@@ -132,34 +139,14 @@ class RequestRejected(ValueError):
         super().__init__("; ".join(self.reasons) or "rejected")
 
 
-def credential_rejections(actions: Sequence[Action]) -> list[Rejection]:
-    """Submissions whose command or environment carries a credential are refused.
+@dataclass
+class _Ticket:
+    """One caller's requests waiting for the group commit that covers them."""
 
-    Nothing credential-like is ever stored (the store sanitises it), so such a
-    workload could not be resumed after a restart as it was submitted. The
-    node provides secrets instead: a daemon passes its own environment to the
-    workloads it runs.
-    """
-    out: list[Rejection] = []
-    for i, a in enumerate(actions):
-        if not isinstance(a, Submit):
-            continue
-        spec = a.spec
-        reasons = [
-            f"env {name} looks like a credential: credentials are never stored; set it in"
-            " the environment of the node's daemon instead"
-            for name, value in spec.env.items()
-            if sanitize({name: value}) != {name: value}
-        ]
-        reasons += [
-            f"command argument {k} looks like a credential: credentials are never stored;"
-            " read it from the node's environment instead"
-            for k, arg in enumerate(spec.command)
-            if sanitize(arg) != arg
-        ]
-        if reasons:
-            out.append(Rejection(i, "submit", spec.id or spec.name, tuple(reasons)))
-    return out
+    requests: list[Request]
+    results: list[ApplyResult] = field(default_factory=list)
+    error: StoreRefused | None = None
+    done: bool = False
 
 
 def new_correlation_id() -> str:
@@ -201,18 +188,18 @@ class Engine:
         self.writer = StoreWriter(repo, self.audit, correlate=self._decision_correlation)
         self.writer.attach(cp, sync=not synced)
         self.recent_decisions: deque[DecisionRecord] = deque(maxlen=self.config.recent_decisions)
+        self._decisions_noted = 0
         cp.listeners.append(self._on_transition)
-        cp.decision_listeners.append(self.recent_decisions.append)
+        cp.decision_listeners.append(self._note_decision)
         #: Called each tick, under the lock, after the scheduling cycle (agent, workflows...).
         self.tick_hooks: list[Callable[[Engine], None]] = []
         #: Called with each telemetry sample (the agent's monitor).
         self.telemetry_listeners: list[Callable[[Telemetry], None]] = []
         self._state_out: list[tuple[Workload, Transition]] = []
         self._calls: deque[Callable[[], None]] = deque()
-        self._ingested_unflushed: dict[str, None] = {}
-        self._applied = 0  # changes applied (under the lock)
-        self._durable = 0  # changes known durable
-        self._flush_mutex = threading.Lock()
+        self._pending: list[_Ticket] = []  # requests waiting for a group commit
+        self._pending_lock = threading.Lock()
+        self._flush_mutex = threading.Lock()  # held by the caller committing a group
         self._tel_stored: dict[tuple[str, str | None], float] = {}
         self._tel_buffer: list[TelemetrySample] = []
         self._last_maintenance = clock.now()
@@ -227,6 +214,8 @@ class Engine:
         self.degraded: str | None = None  # why the store is not writable right now
         self.started_at = clock.now()
         self.last_restart: RestartReport | None = None
+        #: records recovery could not load on this start (moved to the quarantine table)
+        self.quarantined: list[Quarantined] = []
 
     # ============================================================ construction
     @classmethod
@@ -260,8 +249,9 @@ class Engine:
                 db.migrate(engine)
             db.check_schema(engine)
             repo = Repository(engine, catalog=catalog)
-            if repo.load_nodes(catalog):
-                cp = recover(repo, clock, catalog)
+            quarantined: list[Quarantined] = []
+            if repo.load_nodes(catalog, corrupt=[]):
+                cp = recover(repo, clock, catalog, quarantined=quarantined)
                 synced = True
                 recovered = True
             else:
@@ -284,7 +274,20 @@ class Engine:
         else:
             be = backend  # type: ignore[assignment]
         eng = cls(cp, be, repo, clock=clock, config=config, scheduler=scheduler, synced=synced)
+        eng.quarantined = list(quarantined)
+        if quarantined:
+            log.error(
+                "%d stored record(s) could not be loaded and were quarantined (the rest of the"
+                " cluster came back); list them with `mlwe quarantine list`: %s",
+                len(quarantined), "; ".join(str(q) for q in quarantined[:5]),
+            )
         with eng.lock:
+            if quarantined:
+                eng.writer.note_audit("config", "engine", {
+                    "event": "quarantine",
+                    "records": [{"id": q.id, "table": q.table, "key": q.key,
+                                 "problem": q.problem} for q in quarantined],
+                })
             eng.writer.note_audit(
                 "config",
                 "engine",
@@ -331,30 +334,19 @@ class Engine:
     def _flush_locked(self, extra: Callable[[Any], None] | None = None) -> None:
         try:
             self.writer.flush(extra)
-        except Exception as exc:  # the store is down: keep everything, say so, retry next tick
-            self.degraded = f"store unavailable: {db._describe(exc)}"
+        except Exception as exc:
+            if isinstance(exc, db.StoreUnavailable) or db.is_transient(exc):
+                # the store is down: the engine's own changes (facts, decisions) are kept
+                # and written by the next flush; requests are rolled back by their caller
+                self.degraded = f"store unavailable: {db._describe(exc)}"
             raise
         self.degraded = None
         self._publish_after_flush()
 
     def _commit(self) -> None:
-        """Return once everything applied so far is durable (group commit)."""
-        if self.lock._is_owned():  # type: ignore[attr-defined]
-            # called under the engine lock (a tick hook: agent, workflows): nobody else can
-            # be flushing, and waiting for the flush mutex here would deadlock with a
-            # request thread that holds it and waits for the lock
-            self._flush_locked()
-            return
+        """Return once everything applied so far is durable (under the engine lock)."""
         with self.lock:
-            self._applied += 1
-            target = self._applied
-        with self._flush_mutex:
-            if self._durable >= target:
-                return  # another request's flush covered this one
-            with self.lock:
-                upto = self._applied
-                self._flush_locked()
-            self._durable = upto
+            self._flush_locked()
 
     def _publish_after_flush(self) -> None:
         out, self._state_out = self._state_out, []
@@ -400,6 +392,149 @@ class Engine:
         )
 
     # ================================================================ requests
+    def request(self, req: Request) -> ApplyResult:
+        """Apply one request through the one request path (see :mod:`mlwe.runtime.requests`).
+
+        Returns once it is durable, or its rejection; raises :class:`StoreRefused`
+        when the store cannot be reached (nothing was kept)."""
+        return self.requests([req])[0]
+
+    def requests(self, reqs: Sequence[Request]) -> list[ApplyResult]:
+        """Independent requests (each applied all-or-nothing and audited on its own),
+        made durable together: concurrent callers share one commit (group commit).
+
+        Called from a tick hook (the engine lock held: the agent, workflows) the
+        requests are applied and audited, and the tick's flush makes them durable."""
+        if not reqs:
+            return []
+        if self.lock._is_owned():  # type: ignore[attr-defined]
+            return [self._apply_request(r) for r in reqs]
+        ticket = _Ticket(list(reqs))
+        with self._pending_lock:
+            self._pending.append(ticket)
+        with self._flush_mutex:
+            if not ticket.done:
+                with self._pending_lock:
+                    batch, self._pending = self._pending, []
+                self._run_batch(batch)
+        if ticket.error is not None:
+            raise ticket.error
+        if any(r.accepted and not r.duplicate for r in ticket.results):
+            # a burst of submissions shares one scheduling cycle; anything else now
+            self.wake(soon=all(r.action == "submit" for r in reqs))
+        return ticket.results
+
+    def _run_batch(self, tickets: list[_Ticket]) -> None:
+        reqs = [r for t in tickets for r in t.requests]
+        try:
+            results = self._durably(reqs)
+        except StoreRefused as exc:
+            for t in tickets:
+                t.error, t.done = exc, True
+            return
+        k = 0
+        for t in tickets:
+            t.results, t.done = results[k : k + len(t.requests)], True
+            k += len(t.requests)
+
+    def _durably(
+        self, reqs: Sequence[Request], extra: Callable[[Any], None] | None = None
+    ) -> list[ApplyResult]:
+        """Apply ``reqs`` and flush; if the store cannot take them, roll all of them back
+        in memory (nothing is kept ahead of the store) and try each alone, so that one
+        request the store refuses is rejected alone and never blocks the others."""
+        with self.lock:
+            if self.writer.pending():
+                # the engine's own changes from a tick the store could not take: they go
+                # first and alone, so that they are never blamed on a request
+                try:
+                    self._flush_locked()
+                except Exception as exc:
+                    raise StoreRefused(self._refusal(exc)) from exc
+            marks = self._marks()
+            sp = self.cp.savepoint()
+            try:
+                results = [self._apply_request(r) for r in reqs]
+                if not any(r.accepted and not r.duplicate for r in results):
+                    # nothing changed: the refusals' records go with the next tick's flush
+                    return results
+                try:
+                    self._flush_locked(extra)
+                    return results
+                except Exception as exc:
+                    failure: Exception = exc
+                    self.cp.rollback_to(sp)
+                    self._reset(marks)
+            finally:
+                self.cp.release(sp)
+        if isinstance(failure, db.StoreUnavailable | StoreRefused) or db.is_transient(failure):
+            raise StoreRefused(self._refusal(failure)) from failure
+        if len(reqs) > 1:
+            return [self._durably([r], extra)[0] for r in reqs]
+        log.warning("request %s could not be stored: %s", reqs[0].action, failure)
+        why = f"the store refused it: {db._describe(failure)}"
+        return [ApplyResult(False, self.cp.version, (Rejection(-1, "request", "-", (why,)),))]
+
+    @staticmethod
+    def _refusal(exc: BaseException) -> str:
+        return f"the store is unavailable, nothing was kept: {db._describe(exc)}"
+
+    def _marks(self) -> tuple[Any, ...]:
+        return (self.writer.mark(), self.reconciler.mark(), len(self._state_out),
+                self._decisions_noted, self.reconciler.dirty)
+
+    def _reset(self, marks: tuple[Any, ...]) -> None:
+        writer, reconciler, state_out, noted, dirty = marks
+        self.writer.reset(writer)
+        self.reconciler.reset(reconciler)
+        self.reconciler.dirty = dirty
+        del self._state_out[state_out:]
+        for _ in range(min(self._decisions_noted - noted, len(self.recent_decisions))):
+            self.recent_decisions.pop()
+        self._decisions_noted = noted
+
+    def _note_decision(self, rec: DecisionRecord) -> None:
+        self.recent_decisions.append(rec)
+        self._decisions_noted += 1
+
+    def _apply_request(self, req: Request) -> ApplyResult:
+        """Screen, apply and audit one request (under the lock; durable with the next flush)."""
+        cp = self.cp
+        cid = req.correlation_id or new_correlation_id()
+        refused = screen(req) or self._inadmissible(req)
+        if refused:
+            result = ApplyResult(False, cp.version, tuple(refused))
+        else:
+            try:
+                result = cp.apply(list(req.actions), req.expected_version, cause_id=cid,
+                                  event_id=req.event_id)
+            except InvariantViolation:
+                raise
+            except Exception as exc:  # a malformed request object: reject, never crash
+                why = f"malformed request: {type(exc).__name__}: {exc}"
+                result = ApplyResult(False, cp.version, (Rejection(-1, "request", "-", (why,)),))
+        if result.duplicate:
+            return result
+        if result.accepted and req.action != "submit":
+            self.reconciler.dirty = True  # e.g. an uncordon frees capacity with no transition
+        if result.accepted or req.audit_refused:
+            created = result.created
+            workload = req.workload or (created[0] if len(created) == 1 else None)
+            self.writer.note_audit(req.kind, req.actor, audit_payload(req, result),
+                                   workload=workload, correlation_id=cid)
+        return result
+
+    def _inadmissible(self, req: Request) -> list[Rejection]:
+        """Submissions that could never run: refused now, with the reason (not left to wait)."""
+        out: list[Rejection] = []
+        now = self.clock.now()
+        for i, a in enumerate(req.actions):
+            if isinstance(a, Submit) and isinstance(a.spec, WorkloadSpec):
+                why = inadmissible(self.cp, a.spec, now)
+                if why:
+                    out.append(Rejection(i, "submit", a.spec.id or a.spec.name, tuple(why)))
+        return out
+
     def submit(
         self,
         specs: Sequence[WorkloadSpec],
@@ -408,25 +543,13 @@ class Engine:
         correlation_id: str | None = None,
     ) -> ApplyResult:
         """Submit workloads; returns once they are durable (or the rejection, nothing stored)."""
-        cid = correlation_id or new_correlation_id()
-        actions = [Submit(s) for s in specs]
-        refused = credential_rejections(actions)
-        if refused:
-            return ApplyResult(False, self.cp.version, tuple(refused))
-        with self.lock:
-            result = self.cp.apply(actions, cause_id=cid)
-            if result.accepted:
-                self.writer.note_audit(
-                    "request",
-                    actor,
-                    {"action": "submit", "workloads": list(result.created)},
-                    workload=result.created[0] if len(result.created) == 1 else None,
-                    correlation_id=cid,
-                )
-        if result.accepted:
-            self._commit()
-            self.wake(soon=True)
-        return result
+        return self.request(submit_request(specs, actor, correlation_id))
+
+    def submit_many(
+        self, requests: Sequence[tuple[Sequence[WorkloadSpec], str, str | None]]
+    ) -> list[ApplyResult]:
+        """Independent submissions ``(specs, actor, correlation id)``, durable together."""
+        return self.requests([submit_request(s, a, c) for s, a, c in requests])
 
     def _operator(
         self,
@@ -438,21 +561,10 @@ class Engine:
         workload: str | None = None,
         correlation_id: str | None = None,
     ) -> ApplyResult:
-        cid = correlation_id or new_correlation_id()
-        with self.lock:
-            result = self.cp.apply(actions, cause_id=cid)
-            if result.accepted:  # e.g. an uncordon frees capacity without any transition
-                self.reconciler.dirty = True
-            self.writer.note_audit(
-                kind,
-                actor,
-                {**what, "accepted": result.accepted, "reasons": result.reasons()},
-                workload=workload,
-                correlation_id=cid,
-            )
-        self._commit()
-        self.wake()
-        return result
+        action = str(what.get("action", kind))
+        detail = {k: v for k, v in what.items() if k != "action"}
+        return self.request(Request(kind, action, tuple(actions), actor, correlation_id,
+                                    workload=workload, detail=detail))
 
     def cancel(
         self, workload_id: str, *, actor: str = "api", correlation_id: str | None = None
@@ -544,39 +656,14 @@ class Engine:
         rationale: str | None = None,
     ) -> ApplyResult:
         """An agent's (or any automation's) proposal: verified, applied or rejected, audited."""
-        cid = correlation_id or new_correlation_id()
-        with self.lock:
-            try:
-                refused = credential_rejections(actions)
-                result = (
-                    ApplyResult(False, self.cp.version, tuple(refused))
-                    if refused
-                    else self.cp.apply(actions, expected_version=expected_version, cause_id=cid)
-                )
-            except Exception as exc:  # a malformed proposal object: reject, never crash
-                result = ApplyResult(False, self.cp.version, ())
-                reasons = [f"malformed proposal: {type(exc).__name__}: {exc}"]
-            else:
-                reasons = result.reasons()
-            workloads = sorted(
-                {a for x in actions for a in [getattr(x, "workload", None)] if isinstance(a, str)}
-            )
-            self.writer.note_audit(
-                "proposal",
-                actor,
-                {
-                    "actions": [_describe_action(a) for a in actions],
-                    "expected_version": expected_version,
-                    "accepted": result.accepted,
-                    "reasons": reasons,
-                    "rationale": rationale,
-                },
-                workload=workloads[0] if len(workloads) == 1 else None,
-                correlation_id=cid,
-            )
-        self._commit()
-        self.wake()
-        return result
+        workloads = sorted(
+            {a for x in actions for a in [getattr(x, "workload", None)] if isinstance(a, str)}
+        )
+        return self.request(
+            Request("proposal", "propose", tuple(actions), actor, correlation_id,
+                    expected_version=expected_version, rationale=rationale,
+                    workload=workloads[0] if len(workloads) == 1 else None)
+        )
 
     def ingest(
         self,
@@ -591,39 +678,29 @@ class Engine:
 
         The event id goes into ``processed_events`` in the same transaction as
         the state it changed and its audit record. A rejected request raises
-        :class:`RequestRejected` (nothing applied, nothing stored). If the
-        flush fails after the apply, the event is remembered: a redelivery
-        only retries the flush, never the apply.
+        :class:`RequestRejected` (nothing applied, nothing stored); so does one
+        the store cannot take (:class:`StoreRefused`: rolled back, so a
+        redelivery applies it afresh).
         """
-        with self.lock:
+        detail = dict(what or {})
+        action = str(detail.pop("action", "submit" if any(
+            isinstance(a, Submit) for a in actions) else "request"))
+        req = Request("request", action, tuple(actions), actor, correlation_id,
+                      event_id=event_id, detail=detail, audit_refused=False)
+        with self._flush_mutex:
+            with self.lock:
+                if self.repo.is_processed(event_id) or self.cp.seen_event(event_id):
+                    return False
             now = self.clock.now()
-
             def mark(c: Any) -> None:
                 self.repo.mark_processed(c, event_id, now)
 
-            if event_id in self._ingested_unflushed:
-                self._flush_locked(extra=mark)
-                self._ingested_unflushed.pop(event_id, None)
-                return True
-            if self.repo.is_processed(event_id):
-                return False
-            refused = credential_rejections(actions)
-            if refused:
-                raise RequestRejected([str(r) for r in refused])
-            result = self.cp.apply(actions, cause_id=correlation_id or event_id, event_id=event_id)
-            if result.duplicate:
-                return False
-            if not result.accepted:
-                raise RequestRejected(result.reasons())
-            self.writer.note_audit(
-                "request", actor, {**(what or {}), "event_id": event_id,
-                                   "workloads": list(result.created)},
-                workload=result.created[0] if len(result.created) == 1 else None,
-                correlation_id=correlation_id,
-            )
-            self._ingested_unflushed[event_id] = None
-            self._flush_locked(extra=mark)
-            self._ingested_unflushed.pop(event_id, None)
+            results = self._durably([req], extra=mark)
+        result = results[0]
+        if result.duplicate:
+            return False
+        if not result.accepted:
+            raise RequestRejected(result.reasons())
         self.wake()
         return True
 
@@ -638,12 +715,12 @@ class Engine:
     ) -> None:
         """Record an action taken outside the control plane (e.g. a model promotion).
 
-        Written with the next flush, which this call waits for."""
-        with self.lock:
-            self.writer.note_audit(
-                kind, actor, payload, workload=workload, correlation_id=correlation_id
-            )
-        self._commit()
+        Durable when this returns; a payload with a number that is not finite is
+        refused (:class:`RequestRejected`)."""
+        result = self.request(Request(kind, "note", (), actor, correlation_id,
+                                      workload=workload, detail=payload))
+        if not result.accepted:
+            raise RequestRejected(result.reasons())
 
     def record_reasoning(
         self, record: dict[str, Any], *, correlation_id: str | None = None, actor: str = "agent"
@@ -938,6 +1015,7 @@ class Engine:
         return {
             "status": "degraded" if self.degraded or store.get("status") == "degraded" else "ok",
             "degraded": self.degraded,
+            "quarantined": [str(q) for q in self.quarantined],
             "store": store,
             "backend": getattr(self.backend, "name", type(self.backend).__name__),
             "version": self.cp.version,
@@ -955,22 +1033,6 @@ def _orphan_stop(workload: str, attempt: int) -> StopCommand:
         grace_s=0.0,
         reason="orphan",
     )
-
-
-def _describe_action(a: Action) -> dict[str, Any]:
-    out: dict[str, Any] = {"action": type(a).__name__}
-    for name in getattr(a, "__dataclass_fields__", {}):
-        value = getattr(a, name)
-        if isinstance(value, WorkloadSpec | NodeSpec | QueueSpec):
-            value = value.model_dump(mode="json")
-        elif hasattr(value, "value") and not isinstance(value, int | float | str):
-            value = value.value
-        elif isinstance(value, tuple):
-            value = [str(v) for v in value]
-        elif not isinstance(value, int | float | str | bool | type(None) | dict | list):
-            value = str(value)
-        out[name] = value
-    return out
 
 
 def workload_info(w: Workload) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mlwe.core.actions import (
@@ -58,6 +59,19 @@ class RecoveryError(RuntimeError):
 
 
 # ================================================================== recovery
+@dataclass(frozen=True)
+class Quarantined:
+    """A stored record recovery could not load, moved to the quarantine table."""
+
+    id: int
+    table: str  # workload, node, queue
+    key: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"#{self.id} {self.table} {self.key}: {self.problem}"
+
+
 def recover(
     repo: Repository,
     clock: Clock,
@@ -65,23 +79,34 @@ def recover(
     *,
     decision_sink: Callable[[DecisionRecord], None] | None = None,
     check_invariants: bool = True,
+    quarantined: list[Quarantined] | None = None,
 ) -> ControlPlane:
     """A control plane holding exactly what the store holds.
 
     The version and the decision sequence continue from the stored ones.
-    Raises :class:`RecoveryError` (nothing loaded) when a stored record cannot
-    be read back or the restored state breaks an invariant (for example a
-    placement larger than its node).
+    Without ``quarantined``, raises :class:`RecoveryError` (nothing loaded)
+    when a stored record cannot be read back or the restored state breaks an
+    invariant (for example a placement larger than its node).
+
+    With ``quarantined`` (what the engine passes), one bad record never stops
+    a start: a node, queue or workload that cannot be read back, or a
+    workload that cannot be restored (its queue or node is gone, its
+    placement does not fit), is moved whole into the quarantine table (see
+    :meth:`Repository.quarantine`), appended to ``quarantined``, and the rest
+    of the cluster comes back. Only a broken invariant of the loaded state as
+    a whole (a bug, not a record) still raises.
     """
     cp = ControlPlane(
         clock, catalog=catalog, check_invariants=check_invariants, decision_sink=decision_sink
     )
+    bad: list[tuple[CorruptRecord, dict[str, Any]]] | None = [] if quarantined is not None else None
+    unrestorable: list[tuple[str, str, str, dict[str, Any]]] = []
     # Loading builds ~10 objects per workload and none of them are garbage:
     # cyclic GC passes over them are pure cost (seconds at 100,000 workloads).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        nodes = repo.load_nodes(catalog)
+        nodes = repo.load_nodes(catalog, corrupt=bad)
         for spec, _status in nodes:
             _must(cp.apply([AddNode(spec)], cause_id=RECOVERY_CAUSE), f"stored node {spec.name}")
         changed = [
@@ -91,13 +116,21 @@ def recover(
         ]
         if changed:
             _must(cp.apply(changed, cause_id=RECOVERY_CAUSE), "stored node status")
-        queues = repo.load_queues(catalog)
+        queues = repo.load_queues(catalog, corrupt=bad)
         if queues:
             _must(cp.apply([SetQueue(q) for q in queues], cause_id=RECOVERY_CAUSE), "stored queues")
-        workloads = repo.load_workloads(catalog=catalog)
+        workloads = repo.load_workloads(catalog=catalog, corrupt=bad)
         version = repo.max_version()
         decision_seq = repo.max_decision_seq()
-        cp.restore(workloads, version=max(version, cp.version), decision_seq=decision_seq)
+
+        def reject(w: Workload, why: list[str]) -> None:
+            unrestorable.append(("workload", w.id, "; ".join(why),
+                                 {"workload": w.id, "spec": w.spec.model_dump(mode="json"),
+                                  "state": w.state.value,
+                                  "placement": [a.node for a in w.placement]}))
+
+        cp.restore(workloads, version=max(version, cp.version), decision_seq=decision_seq,
+                   reject=reject if quarantined is not None else None)
     except CorruptRecord as exc:
         raise RecoveryError(f"cannot recover: a stored record is unreadable: {exc}") from exc
     except InvariantViolation as exc:
@@ -105,6 +138,12 @@ def recover(
     finally:
         if gc_was_enabled:
             gc.enable()
+    if quarantined is not None:
+        records = [(e.table, str(e.key), str(e), raw) for e, raw in (bad or [])]
+        records += unrestorable
+        if records:
+            ids = repo.quarantine(records, clock.now())
+            quarantined += [Quarantined(i, t, k, p) for i, (t, k, p, _) in zip(ids, records)]
     return cp
 
 
@@ -232,6 +271,26 @@ class StoreWriter:
             {"kind": kind, "actor": actor, "payload": payload, "workload": workload,
              "correlation_id": correlation_id}
         )
+
+    # ----------------------------------------------------------------- marks
+    def mark(self) -> tuple[Any, ...]:
+        """What is buffered now; :meth:`reset` drops whatever was buffered after it
+        (the runtime does when it rolls back batches the store could not take)."""
+        self._poll(self._cp())
+        return (
+            len(self._transitions), len(self._decisions), len(self._audit_records),
+            dict(self._dirty), dict(self._nodes_added), dict(self._node_status),
+            dict(self._queues), dict(self._specs), self._decisions_seen,
+        )
+
+    def reset(self, mark: tuple[Any, ...]) -> None:
+        (transitions, decisions, records, dirty, added, status, queues, specs, seen) = mark
+        del self._transitions[transitions:]
+        del self._decisions[decisions:]
+        del self._audit_records[records:]
+        self._dirty, self._nodes_added, self._node_status = dict(dirty), dict(added), dict(status)
+        self._queues, self._specs = dict(queues), dict(specs)
+        self._decisions_seen = min(self._decisions_seen, seen)
 
     # ----------------------------------------------------------------- state
     def pending(self) -> bool:

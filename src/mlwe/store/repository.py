@@ -517,8 +517,14 @@ class Repository:
     def put_queue(self, spec: QueueSpec, *, conn: Connection | None = None) -> None:
         self._write(lambda c: self._upsert(c, S.queues, ["name"], [self._queue_row(spec)]), conn)
 
-    def load_nodes(self, catalog: GpuCatalog | None = None) -> list[tuple[NodeSpec, NodeStatus]]:
-        """Stored nodes in the order they were added, each with its current status."""
+    def load_nodes(
+        self,
+        catalog: GpuCatalog | None = None,
+        corrupt: list[tuple[CorruptRecord, dict[str, Any]]] | None = None,
+    ) -> list[tuple[NodeSpec, NodeStatus]]:
+        """Stored nodes in the order they were added, each with its current status
+        (``corrupt``: unreadable ones are left out and noted there, as in
+        :meth:`load_workloads`)."""
         ctx = self._ctx if catalog is None else {"catalog": catalog}
         rows: Any = self._read(
             lambda c: c.execute(
@@ -530,17 +536,29 @@ class Repository:
         out = []
         for name, text, status in rows:
             try:
-                spec = NodeSpec.model_validate_json(text, context=ctx)
-            except ValueError as exc:
-                raise CorruptRecord("node", name, "spec", str(exc)) from exc
-            try:
-                st = NodeStatus(status)
-            except ValueError as exc:
-                raise CorruptRecord("node", name, "status", f"unknown status {status!r}") from exc
+                try:
+                    spec = NodeSpec.model_validate_json(text, context=ctx)
+                except ValueError as exc:
+                    raise CorruptRecord("node", name, "spec", str(exc)) from exc
+                try:
+                    st = NodeStatus(status)
+                except ValueError as exc:
+                    raise CorruptRecord(
+                        "node", name, "status", f"unknown status {status!r}"
+                    ) from exc
+            except CorruptRecord as exc:
+                if corrupt is None:
+                    raise
+                corrupt.append((exc, {"row": {"name": name, "spec": text, "status": status}}))
+                continue
             out.append((spec, st))
         return out
 
-    def load_queues(self, catalog: GpuCatalog | None = None) -> list[QueueSpec]:
+    def load_queues(
+        self,
+        catalog: GpuCatalog | None = None,
+        corrupt: list[tuple[CorruptRecord, dict[str, Any]]] | None = None,
+    ) -> list[QueueSpec]:
         ctx = self._ctx if catalog is None else {"catalog": catalog}
         rows: Any = self._read(
             lambda c: c.execute(
@@ -552,8 +570,87 @@ class Repository:
             try:
                 out.append(QueueSpec.model_validate_json(text, context=ctx))
             except ValueError as exc:
-                raise CorruptRecord("queue", name, "spec", str(exc)) from exc
+                if corrupt is None:
+                    raise CorruptRecord("queue", name, "spec", str(exc)) from exc
+                corrupt.append((CorruptRecord("queue", name, "spec", str(exc)),
+                                {"row": {"name": name, "spec": text}}))
         return out
+
+    # ============================================================= quarantine
+    def quarantine(
+        self, records: Sequence[tuple[str, str, str, dict[str, Any]]], time: float,
+        *, conn: Connection | None = None,
+    ) -> list[int]:
+        """Move unreadable records ``(table, key, problem, raw)`` out of the way, whole:
+        into the quarantine table, out of the table recovery reads (one transaction)."""
+        if not records:
+            return []
+        ids: list[int] = []
+
+        def go(c: Connection) -> None:
+            ids.clear()
+            for table, key, problem, raw in records:
+                res = c.execute(S.quarantine.insert().values(
+                    record_table=table, record_key=str(key)[:256], problem=problem[:4000],
+                    record=json.dumps(raw, sort_keys=True, default=str), quarantined_at=time,
+                ))
+                ids.append(int(res.inserted_primary_key[0]))  # type: ignore[index]
+                if table == "workload":
+                    c.execute(delete(S.transitions).where(S.transitions.c.workload_id == key))
+                    c.execute(delete(S.workloads).where(S.workloads.c.id == key))
+                elif table == "node":
+                    c.execute(delete(S.nodes).where(S.nodes.c.name == key))
+                elif table == "queue":
+                    c.execute(delete(S.queues).where(S.queues.c.name == key))
+
+        self._write(go, conn)
+        return list(ids)
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        """Every quarantined record, oldest first."""
+        q = S.quarantine
+        rows = self._read(lambda c: c.execute(select(
+            q.c.id, q.c.record_table, q.c.record_key, q.c.problem, q.c.record, q.c.quarantined_at
+        ).order_by(q.c.id)).all())
+        return [
+            {"id": i, "table": t, "key": k, "problem": p, "record": json.loads(str(r)),
+             "quarantined_at": at}
+            for i, t, k, p, r, at in rows
+        ]
+
+    def drop_quarantined(self, qid: int, *, conn: Connection | None = None) -> bool:
+        """Forget a quarantined record for good; False if there is none with that id."""
+        def go(c: Connection) -> bool:
+            return bool(c.execute(delete(S.quarantine).where(S.quarantine.c.id == qid)).rowcount)
+
+        return self._write(go, conn)
+
+    # ============================================================ idempotency
+    def idempotent_answer(self, key: str) -> tuple[str, int, str] | None:
+        """The first answer ``(request hash, status, response JSON)`` given to ``key``."""
+        k = S.idempotency_keys
+        row = self._read(lambda c: c.execute(
+            select(k.c.request_hash, k.c.status, k.c.response).where(k.c.key == key)
+        ).first())
+        return None if row is None else (row[0], int(row[1]), row[2])
+
+    def remember_answer(
+        self, conn: Connection, key: str, request_hash: str, status: int, response: str,
+        time: float,
+    ) -> None:
+        """Keep the answer to ``key`` (in the transaction that makes its effect durable)."""
+        self._insert_ignore(conn, S.idempotency_keys, ["key"], [{
+            "key": key, "request_hash": request_hash, "status": status, "response": response,
+            "created": time,
+        }])
+
+    def prune_idempotency(self, older_than: float) -> int:
+        k = S.idempotency_keys
+
+        def go(c: Connection) -> int:
+            return int(c.execute(delete(k).where(k.c.created < older_than)).rowcount or 0)
+
+        return self._write(go, None)
 
     # ============================================================== workloads
     def _full_row(self, w: Workload, version: int, correlation_id: str | None) -> dict[str, Any]:
@@ -751,12 +848,18 @@ class Repository:
         return out
 
     def load_workloads(
-        self, *, states: Iterable[State] | None = None, catalog: GpuCatalog | None = None
+        self,
+        *,
+        states: Iterable[State] | None = None,
+        catalog: GpuCatalog | None = None,
+        corrupt: list[tuple[CorruptRecord, dict[str, Any]]] | None = None,
     ) -> list[Workload]:
         """Every stored workload (or those in ``states``), complete: spec, history, placement.
 
         In arrival order (``seq``). Raises :class:`CorruptRecord` naming the
-        workload and column of the first row that cannot be read back.
+        workload and column of the first row that cannot be read back, unless
+        ``corrupt`` is given: then such rows are left out and each is appended
+        to it with its raw record (the row and its transitions), for quarantine.
         """
         w = S.workloads
         cols = [
@@ -779,12 +882,57 @@ class Repository:
             return c.execute(q).all(), c.execute(tq).all()
 
         rows, trows = self._read(fetch)
-        histories = self._histories(trows)
         reader = SpecReader(self._ctx if catalog is None else {"catalog": catalog})
-        return [self._workload_from_row(r, histories.get(r[0], []), reader) for r in rows]
+        if corrupt is None:
+            histories = self._histories(trows)
+            return [self._workload_from_row(r, histories.get(r[0], []), reader) for r in rows]
+        bad: dict[str, CorruptRecord] = {}
+        histories = self._histories(trows, bad)
+        out: list[Workload] = []
+        for r in rows:
+            problem = bad.get(r[0])
+            if problem is None:
+                try:
+                    out.append(self._workload_from_row(r, histories.get(r[0], []), reader))
+                    continue
+                except CorruptRecord as exc:
+                    problem = exc
+            corrupt.append((problem, self._raw_record(r, cols, trows)))
+        return out
 
-    def _histories(self, trows: Iterable[Any]) -> dict[str, list[Transition]]:
-        """Transitions grouped by workload, in step order; a gap in the steps is corruption."""
+    @staticmethod
+    def _raw_record(r: Any, cols: Sequence[Any], trows: Sequence[Any]) -> dict[str, Any]:
+        """A stored row as plain JSON values, with its transitions (for quarantine)."""
+        wid = r[0]
+        return {
+            "row": {c.name: v for c, v in zip(cols, r)},
+            "transitions": [
+                {"step": t[1], "time": t[2], "source": t[3], "target": t[4], "reason": t[5],
+                 "cause_id": t[6]}
+                for t in trows if t[0] == wid
+            ],
+        }
+
+    def _histories(
+        self, trows: Iterable[Any], bad: dict[str, CorruptRecord] | None = None
+    ) -> dict[str, list[Transition]]:
+        """Transitions grouped by workload, in step order; a gap in the steps is corruption
+        (raised, or with ``bad`` given, noted there by workload)."""
+        if bad is not None:
+            try:
+                return self._histories(trows)
+            except CorruptRecord:
+                pass
+            by: dict[str, list[Any]] = {}
+            for t in trows:
+                by.setdefault(t[0], []).append(t)
+            good: dict[str, list[Transition]] = {}
+            for wid, ts in by.items():
+                try:
+                    good.update(self._histories(ts))
+                except CorruptRecord as exc:
+                    bad[wid] = exc
+            return good
         states = {s.value: s for s in State}
         out: dict[str, list[Transition]] = {}
         # workloads whose rows did not arrive as steps 0, 1, 2, ...: (step, transition) pairs

@@ -72,7 +72,14 @@ import re
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["REDACTED", "contains_secret", "is_secret_key", "sanitize", "sanitize_text"]
+__all__ = [
+    "REDACTED",
+    "contains_secret",
+    "find_secrets",
+    "is_secret_key",
+    "sanitize",
+    "sanitize_text",
+]
 
 #: What a secret is replaced with.
 REDACTED = "[REDACTED]"
@@ -128,6 +135,10 @@ _POINTER_SUFFIXES = (
     "expiresin",
 )
 _KEY_SEPARATORS = re.compile(r"[\s_.\-]+")
+#: Keys that name the *identifier* of an API token (``token_id``, ``tokenId``) are
+#: metadata: an audit record must be able to say which token was revoked. (Access
+#: key ids and private key ids stay secret: their issuers treat them as such.)
+_SECRET_EVEN_AS_ID = ("session", "cookie", "private", "secret", "pass", "access")
 
 
 def _normalise_key(key: str) -> str:
@@ -143,6 +154,10 @@ def is_secret_key(key: str) -> bool:
     if norm in _SECRET_EXACT:
         return True
     if norm.endswith(_POINTER_SUFFIXES):
+        return False
+    if norm.endswith(("tokenid", "tokenids")) and not any(
+        w in norm for w in _SECRET_EVEN_AS_ID
+    ):
         return False
     if "token" in norm:
         norm = _TOKEN_METADATA.sub("", norm)
@@ -168,23 +183,27 @@ _URL_PASSWORD = re.compile(
 
 #: Tokens recognised by their shape alone. Each alternative is at least 20 characters,
 #: which the fast path below relies on. Linear time on hostile input: an alternative
-#: either matches (and consumes its run) or fails within a bounded distance, except
-#: the JWT, which therefore may not start right after ``-`` or ``_`` ("eyJ-eyJ-...").
+#: either matches (and consumes its run) or fails within a bounded distance (its
+#: run stops at the first character outside its class), except the JWT, which
+#: therefore may not start right after ``-`` or ``_`` ("eyJ-eyJ-...").
 _TOKENS = re.compile(
-    r"(?<![A-Za-z0-9])(?:"
+    # Prefixes no word ends in: found even glued to a preceding word ("keyAKIA...",
+    # "tokenghp_..."), which is how secrets get pasted into names and labels.
     r"(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"  # AWS key id
     r"|AIza[0-9A-Za-z_\-]{35}"  # Google / Gemini API key
     r"|ya29\.[0-9A-Za-z_\-]{20,}"  # Google OAuth access token
-    # OpenAI (sk-, sk-proj-), Anthropic (sk-ant-api03-): long, with digits and capitals
-    r"|sk-(?=[A-Za-z0-9_\-]{0,100}[0-9])(?=[A-Za-z0-9_\-]{0,100}[A-Z])[A-Za-z0-9_\-]{20,}"
-    r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"  # Stripe
     r"|gh[pousr]_[A-Za-z0-9]{30,}"  # GitHub classic
     r"|github_pat_[A-Za-z0-9_]{22,}"  # GitHub fine-grained
     r"|glpat-[A-Za-z0-9_\-]{20,}"  # GitLab
-    r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
     r"|npm_[A-Za-z0-9]{36,}"  # npm
     r"|xox[abposr]-[A-Za-z0-9\-]{15,}"  # Slack bot/user/app tokens
     r"|xapp-[0-9]-[A-Za-z0-9\-]{13,}"  # Slack app-level token
+    # Prefixes that end ordinary words ("task-", "dash_"): only at a word start.
+    r"|(?<![A-Za-z0-9])(?:"
+    # OpenAI (sk-, sk-proj-), Anthropic (sk-ant-api03-): long, with digits and capitals
+    r"sk-(?=[A-Za-z0-9_\-]{0,100}[0-9])(?=[A-Za-z0-9_\-]{0,100}[A-Z])[A-Za-z0-9_\-]{20,}"
+    r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"  # Stripe
+    r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
     r"|(?<![_\-])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"  # JWT
     r")"
 )
@@ -389,3 +408,33 @@ def sanitize(obj: Any) -> Any:
 def contains_secret(obj: Any) -> bool:
     """Whether ``sanitize`` would change anything in ``obj``."""
     return bool(_walk(obj) != obj)
+
+
+def find_secrets(obj: Any, path: str = "") -> list[str]:
+    """The paths (``labels.api_key``, ``command[2]``, ``name``) at which ``sanitize``
+    would change ``obj``: where a credential is, or a credential-shaped value.
+
+    The engine refuses a spec with any such path instead of storing it altered: what
+    it accepts is stored exactly and comes back from a restart unchanged.
+    """
+    if _walk(obj) == obj:
+        return []
+    if isinstance(obj, dict):
+        found: list[str] = []
+        entry_is_secret = _names_secret_entry(obj)
+        for k, v in obj.items():
+            here = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and (
+                is_secret_key(k) or (entry_is_secret and k.lower() == "value")
+            ):
+                if _redactable(v):
+                    found.append(here)
+                continue
+            found += find_secrets(v, here)
+        return found or [path]
+    if isinstance(obj, list | tuple):
+        found = []
+        for i, item in enumerate(obj):
+            found += find_secrets(item, f"{path}[{i}]")
+        return found or [path]  # a secret flag's value: the pair, not one item
+    return [path]

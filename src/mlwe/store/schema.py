@@ -21,7 +21,7 @@ from sqlalchemy import (
 )
 
 #: The Alembic revision this code expects; the engine refuses any other.
-SCHEMA_VERSION = "0002"
+SCHEMA_VERSION = "0003"
 
 metadata = MetaData()
 
@@ -251,3 +251,29 @@ models = Table(
     Column("metrics", Text, nullable=False),
     Column("created", Float, nullable=False),
 )
+
+# ------------------------------------------------------------------ revision 0003
+# A stored record recovery could not read back: kept here whole (not lost, not in
+# the way of a start), listed by `mlwe quarantine list`, resubmitted or dropped.
+quarantine = Table(
+    "quarantine",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("record_table", String(32), nullable=False),  # workload, node, queue
+    Column("record_key", String(256), nullable=False),
+    Column("problem", Text, nullable=False),
+    Column("record", Text, nullable=False),  # JSON: the stored row (and its transitions)
+    Column("quarantined_at", Float, nullable=False),
+)
+
+# A submission's Idempotency-Key (scoped by who sent it) and the first answer to it.
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("key", String(512), primary_key=True),
+    Column("request_hash", String(64), nullable=False),
+    Column("status", Integer, nullable=False),
+    Column("response", Text, nullable=False),
+    Column("created", Float, nullable=False),
+)
+Index("ix_idempotency_keys_created", idempotency_keys.c.created)

@@ -24,6 +24,7 @@ from mlwe.api.specs import BodyError, parse_specs
 from mlwe.core.lifecycle import State
 from mlwe.core.spec import WorkloadSpec
 from mlwe.runtime.engine import new_correlation_id
+from mlwe.runtime.requests import StoreRefused
 
 router = APIRouter(prefix=API_PREFIX, tags=["workloads"])
 
@@ -120,8 +121,11 @@ async def submit(
     cid = x_correlation_id or new_correlation_id()
     try:
         result = await ctx.submitter.submit(owned, principal.actor, cid)
-    except Exception as exc:  # the store is unreachable: nothing was acknowledged
-        raise ApiError(503, f"the engine could not make the submission durable: {exc}") from None
+    except StoreRefused as exc:  # the store is unreachable: nothing was kept
+        raise ApiError(
+            503, f"nothing was stored: {exc}; retry later (with the same Idempotency-Key)",
+            headers={"Retry-After": "5"},
+        ) from None
     if not result.accepted:
         raise ApiError(
             409,

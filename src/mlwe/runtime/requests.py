@@ -1,0 +1,272 @@
+"""Requests: everything from outside that asks the engine to change state.
+
+Every entry point (HTTP submit, one or many; the CLI; bus ingress; agent and
+workflow proposals; operator and configuration actions; audit notes) builds a
+:class:`Request` and hands it to :meth:`mlwe.runtime.engine.Engine.request`.
+There it meets the same checks, in the same order, whatever door it came in by:
+
+1. :func:`screen`: what the control plane cannot judge, because it is about
+   what may be *stored*: a credential anywhere in a spec (identity fields
+   included: a workload id shaped like a token is refused, not stored
+   altered), a number that is not finite or that no column could hold, a
+   correlation id that is not an id;
+2. the control plane's own verification (``ControlPlane.apply``);
+3. durability: the request is acknowledged only once the store has it; if the
+   store cannot take it, it is rolled back in memory too, so an error answer
+   means nothing was kept.
+
+and it leaves one audit record of one shape (:func:`audit_payload`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from mlwe.core.actions import Action, AddNode, SetQueue, Submit
+from mlwe.core.controlplane import ApplyResult, ControlPlane, Rejection
+from mlwe.core.spec import WorkloadSpec
+from mlwe.store.sanitize import find_secrets
+
+#: A correlation id is an id: letters, digits, ``._:-``, matched in full.
+CORRELATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+#: Integers a request may carry (exact in a double, in every column and on every stream).
+MAX_INT = 2**53
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: its actions are applied all-or-nothing and audited as one record.
+
+    ``kind`` files the audit record (``request`` for submissions, ``operator``,
+    ``config``, ``proposal``); ``action`` names what was asked (``submit``,
+    ``cancel``, ``propose``...); ``detail`` adds what the audit should say about it.
+    """
+
+    kind: str
+    action: str
+    actions: tuple[Action, ...]
+    actor: str
+    correlation_id: str | None = None
+    expected_version: int | None = None
+    event_id: str | None = None
+    workload: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    rationale: str | None = None
+    #: submissions that the control plane refuses leave only its decision record
+    #: (nothing of them is stored); other refused requests are audited with reasons
+    audit_refused: bool = True
+
+
+class StoreRefused(RuntimeError):
+    """The store could not take a request (its database is unreachable): nothing was kept."""
+
+
+def screen(req: Request) -> list[Rejection]:
+    """What the engine refuses before the control plane sees it (module docstring)."""
+    out: list[Rejection] = []
+    cid = req.correlation_id
+    if cid is not None and (not isinstance(cid, str) or not CORRELATION_ID.fullmatch(cid)):
+        out.append(
+            Rejection(-1, "request", "correlation_id", (
+                "correlation id must be 1-128 letters, digits, '.', '_', ':' or '-',"
+                " starting with a letter or digit",
+            ))
+        )
+    elif cid is not None and find_secrets(cid):
+        out.append(Rejection(-1, "request", "correlation_id", (_CREDENTIAL,)))
+    notes = _number_problems(dict(req.detail))
+    if notes:
+        out.append(Rejection(-1, "request", "payload", tuple(notes)))
+    for i, a in enumerate(req.actions):
+        reasons = _number_problems(a)
+        reasons += _credential_problems(a)
+        if reasons:
+            out.append(Rejection(i, getattr(a, "kind", type(a).__name__), _subject(a),
+                                 tuple(reasons)))
+    return out
+
+
+_CREDENTIAL = (
+    "looks like a credential: credentials are never stored (an id or name shaped like a"
+    " token is refused, not stored altered); give secrets to the node's daemon environment"
+)
+
+
+def _credential_problems(a: Action) -> list[str]:
+    if isinstance(a, Submit):
+        doc: Any = a.spec
+    elif isinstance(a, SetQueue | AddNode):
+        doc = a.spec
+    else:
+        return []
+    if not isinstance(doc, BaseModel):
+        return []  # the control plane rejects it as not validated
+    paths = find_secrets(doc.model_dump(mode="json"))
+    return [f"{_field(p)} {_CREDENTIAL}" for p in paths]
+
+
+def _field(path: str) -> str:
+    if path.startswith("env."):
+        return f"env {path[4:]}"
+    return path or "the spec"
+
+
+def _number_problems(obj: Any, path: str = "", depth: int = 0) -> list[str]:
+    """Non-finite floats and integers past :data:`MAX_INT` anywhere in an action."""
+    if depth > 8:
+        return []
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str | enum.Enum):
+        return []
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [f"{path or 'value'} must be a finite number"]
+    if isinstance(obj, int):
+        return [] if -MAX_INT <= obj <= MAX_INT else [f"{path or 'value'} is out of range"]
+    if isinstance(obj, BaseModel):
+        return []  # validated models carry their own bounds
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out: list[str] = []
+        for f in dataclasses.fields(obj):
+            out += _number_problems(getattr(obj, f.name), f.name if not path else
+                                    f"{path}.{f.name}", depth + 1)
+        return out
+    if isinstance(obj, Mapping):
+        out = []
+        for k, v in obj.items():
+            out += _number_problems(v, f"{path}.{k}" if path else str(k), depth + 1)
+        return out
+    if isinstance(obj, Sequence):
+        out = []
+        for i, v in enumerate(obj):
+            out += _number_problems(v, f"{path}[{i}]", depth + 1)
+        return out
+    return []
+
+
+def _subject(a: object) -> str:
+    for name in ("workload", "victim", "node"):
+        v = getattr(a, name, None)
+        if isinstance(v, str):
+            return v
+    spec = getattr(a, "spec", None)
+    for name in ("id", "name"):
+        v = getattr(spec, name, None)
+        if isinstance(v, str):
+            return v
+    return "-"
+
+
+def describe_action(a: Action) -> dict[str, Any]:
+    """An action as the audit shows it (plain JSON)."""
+    out: dict[str, Any] = {"action": type(a).__name__}
+    if not dataclasses.is_dataclass(a):
+        out["value"] = repr(a)[:500]
+        return out
+    for f in dataclasses.fields(a):
+        value = getattr(a, f.name)
+        if isinstance(value, BaseModel):
+            value = value.model_dump(mode="json")
+        elif isinstance(value, enum.Enum):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = [str(v) for v in value]
+        elif (isinstance(value, float) and not math.isfinite(value)) or not isinstance(value, int | float | str | bool | type(None) | dict | list):
+            value = str(value)
+        out[f.name] = value
+    return out
+
+
+def audit_payload(req: Request, result: ApplyResult) -> dict[str, Any]:
+    """The one shape of a request's audit record (a note's payload is its own)."""
+    if req.action == "note":
+        return dict(req.detail)
+    payload: dict[str, Any] = {
+        "action": req.action,
+        "accepted": result.accepted,
+        "reasons": result.reasons(),
+    }
+    if result.created:
+        payload["workloads"] = list(result.created)
+    if req.kind == "proposal" or req.action == "propose":
+        payload["actions"] = [describe_action(a) for a in req.actions]
+        payload["expected_version"] = req.expected_version
+        payload["rationale"] = req.rationale
+    if req.event_id is not None:
+        payload["event_id"] = req.event_id
+    payload.update(req.detail)
+    return payload
+
+
+def submit_request(
+    specs: Sequence[WorkloadSpec], actor: str, correlation_id: str | None = None
+) -> Request:
+    """The request of a submission (what every door that submits builds)."""
+    return Request("request", "submit", tuple(Submit(s) for s in specs), actor, correlation_id,
+                   audit_refused=False)
+
+
+def inadmissible(cp: ControlPlane, spec: WorkloadSpec, now: float) -> list[str]:
+    """Why ``spec`` could never run on this cluster (empty: it may, some day).
+
+    Conservative (Kueue's *Inadmissible*, as opposed to waiting for capacity): a
+    deadline already past; no node that could ever hold one replica; more
+    replicas than every compatible node together could hold if empty (an upper
+    bound per node, so nothing that could run is refused); a request larger than
+    its queue's nominal quota plus what it may borrow.
+    """
+    out: list[str] = []
+    if spec.deadline is not None and spec.deadline <= now:
+        out.append(f"inadmissible: the deadline ({spec.deadline:.0f}) has already passed"
+                   f" (the engine clock is at {now:.0f})")
+    r = spec.resources
+    devices = max(1, r.gpu // 1000) if r.gpu else 0
+    room = 0
+    for info in cp.capacity.nodes():
+        cap = info.capacity
+        if cap.cpu < r.cpu or cap.ram < r.memory:
+            continue
+        if r.gpu:
+            if info.gpu_model is None or info.gpu_count < devices:
+                continue
+            if spec.gpu_models and info.gpu_model not in spec.gpu_models:
+                continue
+            if info.vram_per_gpu < spec.min_vram_per_gpu:
+                continue
+            if r.vram is not None and r.vram > info.vram_per_gpu * devices:
+                continue
+        if any(info.labels.get(k) != v for k, v in spec.node_selector.items()):
+            continue
+        fits = [cap.cpu // r.cpu if r.cpu else spec.replicas,
+                cap.ram // r.memory if r.memory else spec.replicas]
+        if r.gpu:
+            fits.append(cap.gpu // r.gpu)
+        room += min(fits)
+        if room >= spec.replicas:
+            break
+    if room == 0:
+        out.append(
+            f"inadmissible: no node of the cluster can ever hold one replica ({r.gpu / 1000:g}"
+            f" GPU, {r.cpu / 1000:g} cpu, {r.memory} MiB memory"
+            + (f", models {', '.join(spec.gpu_models)}" if spec.gpu_models else "")
+            + (f", node selector {spec.node_selector}" if spec.node_selector else "") + ")"
+        )
+    elif room < spec.replicas:
+        out.append(f"inadmissible: {spec.replicas} replicas, but every compatible node together"
+                   f" could hold at most {room}")
+    q = cp.queues.get(spec.queue)
+    if q is not None:
+        need = spec.replica_request() * spec.replicas
+        limit = q.nominal + q.borrow_limit
+        over = [n for n, a, c in zip(("gpu", "vram", "cpu", "memory"), need.as_tuple(),
+                                     limit.as_tuple()) if a > c]
+        if over:
+            out.append(f"inadmissible: asks more {', '.join(over)} than queue {q.name!r} may"
+                       " ever use (its nominal quota plus what it may borrow)")
+    return out
