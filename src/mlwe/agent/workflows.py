@@ -44,7 +44,7 @@ under ``engine.lock``; the hook already runs under it). By hand it amounts to::
 
     workflows = WorkflowEngine.load(
         engine.cp, engine.repo, scheduler=engine.scheduler, audit=engine.audit,
-        proposer=AuditingProposer(engine.cp, engine.writer.note_audit), autoflush=False)
+        proposer=EngineProposer(engine), autoflush=False)
     engine.tick_hooks.append(workflows.tick_hook())  # stores the last tick, then ticks
 
 The agent starts ``reschedule`` for its preemption plans and ``recover`` for
@@ -356,6 +356,23 @@ class ControlPlaneProposer:
         self, actions: Sequence[Action], *, correlation_id: str, rationale: str
     ) -> ApplyResult:
         return self.cp.apply(list(actions), cause_id=correlation_id)
+
+
+class EngineProposer:
+    """Proposals through a runtime engine's one request path (``engine.propose``): the
+    same checks and the same audit record as the agent's and any other request's."""
+
+    def __init__(self, engine: Any, actor: str = "workflow") -> None:
+        self.engine = engine
+        self.actor = actor
+
+    def __call__(
+        self, actions: Sequence[Action], *, correlation_id: str, rationale: str
+    ) -> ApplyResult:
+        result: ApplyResult = self.engine.propose(
+            list(actions), actor=self.actor, correlation_id=correlation_id, rationale=rationale
+        )
+        return result
 
 
 class AuditingProposer:
@@ -1712,7 +1729,7 @@ def attach_workflows(engine: Any, *, actor: str = "workflow") -> WorkflowEngine:
     Loaded from the engine's store, so a workflow in flight when an engine
     stopped resumes at its step after ``Engine.open`` on the same data; ticked
     in ``engine.tick_hooks`` (under the engine lock, after the scheduling
-    cycle). Steps propose through an :class:`AuditingProposer` (verified by the
+    cycle). Steps propose through an :class:`EngineProposer` (the engine's one request path, verified by the
     control plane; the audit record is written by the engine's flush with the
     effect). Each tick the hook first stores the workflows' previous tick (the
     engine has flushed the state they observed by then, so a stored workflow is
@@ -1733,7 +1750,7 @@ def attach_workflows(engine: Any, *, actor: str = "workflow") -> WorkflowEngine:
             engine.repo,
             scheduler=engine.scheduler,
             audit=engine.audit,
-            proposer=AuditingProposer(engine.cp, engine.writer.note_audit, actor),
+            proposer=EngineProposer(engine, actor),
             actor=actor,
             autoflush=False,  # the hook stores each tick once the engine flushed its state
         )
@@ -1791,6 +1808,7 @@ __all__ = [
     "AuditingProposer",
     "ControlPlaneProposer",
     "DeadLetterRecord",
+    "EngineProposer",
     "Fail",
     "Finish",
     "Goto",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,26 @@ class ApiSettings:
     bus_prefix: str = "mlwe"  # subject prefix of the engine's NATS stream (dead-letter replay)
 
 
+class InFlightKeys:
+    """Idempotency-Keys whose first request is still being handled (a concurrent retry
+    with the same key is told to wait instead of submitting twice)."""
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+        self._lock = threading.Lock()
+
+    def claim(self, key: str) -> bool:
+        with self._lock:
+            if key in self._keys:
+                return False
+            self._keys.add(key)
+            return True
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._keys.discard(key)
+
+
 @dataclass
 class ApiContext:
     engine: Engine
@@ -44,6 +65,7 @@ class ApiContext:
     agent: Any | None = None  # the agent loop, when one runs (see routes/agent.py)
     bus: Any | None = None  # the event bus (or its URL), for dead-letter replay
     extras: dict[str, Any] = field(default_factory=dict)
+    idempotency: InFlightKeys = field(default_factory=InFlightKeys)
 
 
 async def get_ctx(request: Request) -> ApiContext:

@@ -16,22 +16,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 from mlwe.core.controlplane import ApplyResult
 from mlwe.core.spec import WorkloadSpec
 from mlwe.runtime.engine import Engine
+from mlwe.runtime.requests import Request, submit_request
 
 log = logging.getLogger("mlwe.api.submitter")
 
-Request = tuple[Sequence[WorkloadSpec], str, str]  # specs, actor, correlation id
-
-
-def submit_many(engine: Engine, requests: Sequence[Request]) -> list[ApplyResult]:
-    """Independent submissions (each applied and audited on its own), durable together,
-    through the engine's one request path (``Engine.submit_many``)."""
-    return engine.submit_many(requests)
+OnDurable = Callable[[Any, ApplyResult], None]
 
 
 class SubmitQueue:
@@ -48,12 +44,20 @@ class SubmitQueue:
         self._thread = threading.Thread(target=self._run, name="mlwe-submit-queue", daemon=True)
         self._thread.start()
 
-    async def submit(self, specs: Sequence[WorkloadSpec], actor: str, correlation_id: str) -> ApplyResult:
+    async def submit(
+        self,
+        specs: Sequence[WorkloadSpec],
+        actor: str,
+        correlation_id: str,
+        on_durable: OnDurable | None = None,
+    ) -> ApplyResult:
+        """Submit through the engine's request path; ``on_durable`` runs in the transaction
+        that stores the workloads (raises ``StoreRefused`` when nothing could be kept)."""
         fut: Future[ApplyResult] = Future()
         with self._cond:
             if self._closed:
                 raise RuntimeError("the server is shutting down")
-            self._items.append(((specs, actor, correlation_id), fut))
+            self._items.append((submit_request(specs, actor, correlation_id, on_durable), fut))
             self._cond.notify()
         return await asyncio.wrap_future(fut)
 
@@ -67,7 +71,7 @@ class SubmitQueue:
                 batch = self._items[: self.max_batch]
                 del self._items[: self.max_batch]
             try:
-                results = submit_many(self.engine, [req for req, _ in batch])
+                results = self.engine.requests([req for req, _ in batch])
             except BaseException as exc:  # the store failed: every request in the batch hears it
                 log.warning("submission batch failed: %s", exc)
                 for _, fut in batch:

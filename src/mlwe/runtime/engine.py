@@ -458,8 +458,17 @@ class Engine:
                 if not any(r.accepted and not r.duplicate for r in results):
                     # nothing changed: the refusals' records go with the next tick's flush
                     return results
+                hooks = [(r.on_durable, res) for r, res in zip(reqs, results)
+                         if r.on_durable is not None and res.accepted and not res.duplicate]
+
+                def in_transaction(c: Any) -> None:
+                    for hook, res in hooks:
+                        hook(c, res)
+                    if extra is not None:
+                        extra(c)
+
                 try:
-                    self._flush_locked(extra)
+                    self._flush_locked(in_transaction if hooks else extra)
                     return results
                 except Exception as exc:
                     failure: Exception = exc
@@ -501,7 +510,7 @@ class Engine:
         """Screen, apply and audit one request (under the lock; durable with the next flush)."""
         cp = self.cp
         cid = req.correlation_id or new_correlation_id()
-        refused = screen(req) or self._inadmissible(req)
+        refused = screen(req, cp.catalog) or self._inadmissible(req)
         if refused:
             result = ApplyResult(False, cp.version, tuple(refused))
         else:

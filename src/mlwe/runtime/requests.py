@@ -24,13 +24,14 @@ import dataclasses
 import enum
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from mlwe.core.actions import Action, AddNode, SetQueue, Submit
+from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.controlplane import ApplyResult, ControlPlane, Rejection
 from mlwe.core.spec import WorkloadSpec
 from mlwe.store.sanitize import find_secrets
@@ -63,14 +64,21 @@ class Request:
     #: submissions that the control plane refuses leave only its decision record
     #: (nothing of them is stored); other refused requests are audited with reasons
     audit_refused: bool = True
+    #: called in the transaction that makes an accepted request durable, with its
+    #: result (e.g. keeping the answer to an Idempotency-Key with the effect)
+    on_durable: Callable[[Any, ApplyResult], None] | None = field(default=None, compare=False)
 
 
 class StoreRefused(RuntimeError):
     """The store could not take a request (its database is unreachable): nothing was kept."""
 
 
-def screen(req: Request) -> list[Rejection]:
-    """What the engine refuses before the control plane sees it (module docstring)."""
+def screen(req: Request, catalog: GpuCatalog = DEFAULT_CATALOG) -> list[Rejection]:
+    """What the engine refuses before the control plane sees it (module docstring).
+
+    Specs are validated again here, whatever door they came in by: one built in
+    code with ``model_construct`` (no validation) is held to the same rules
+    as one parsed from a request body."""
     out: list[Rejection] = []
     cid = req.correlation_id
     if cid is not None and (not isinstance(cid, str) or not CORRELATION_ID.fullmatch(cid)):
@@ -86,8 +94,9 @@ def screen(req: Request) -> list[Rejection]:
     if notes:
         out.append(Rejection(-1, "request", "payload", tuple(notes)))
     for i, a in enumerate(req.actions):
-        reasons = _number_problems(a)
-        reasons += _credential_problems(a)
+        reasons = _spec_problems(a, catalog)
+        reasons += _number_problems(a) if not reasons else []
+        reasons += _credential_problems(a) if not reasons else []
         if reasons:
             out.append(Rejection(i, getattr(a, "kind", type(a).__name__), _subject(a),
                                  tuple(reasons)))
@@ -98,6 +107,22 @@ _CREDENTIAL = (
     "looks like a credential: credentials are never stored (an id or name shaped like a"
     " token is refused, not stored altered); give secrets to the node's daemon environment"
 )
+
+
+def _spec_problems(a: Action, catalog: GpuCatalog) -> list[str]:
+    spec = getattr(a, "spec", None) if isinstance(a, Submit | SetQueue | AddNode) else None
+    if not isinstance(spec, BaseModel):
+        return []  # the control plane rejects it as not validated
+    try:
+        type(spec).model_validate(spec.model_dump(mode="json"), context={"catalog": catalog})
+    except ValidationError as exc:
+        return [
+            f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        ]
+    except (ValueError, TypeError, OverflowError) as exc:
+        return [f"spec: {exc}"]
+    return []
 
 
 def _credential_problems(a: Action) -> list[str]:
@@ -130,7 +155,7 @@ def _number_problems(obj: Any, path: str = "", depth: int = 0) -> list[str]:
     if isinstance(obj, int):
         return [] if -MAX_INT <= obj <= MAX_INT else [f"{path or 'value'} is out of range"]
     if isinstance(obj, BaseModel):
-        return []  # validated models carry their own bounds
+        return []  # specs are validated again (_spec_problems), with their own bounds
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out: list[str] = []
         for f in dataclasses.fields(obj):
@@ -205,11 +230,14 @@ def audit_payload(req: Request, result: ApplyResult) -> dict[str, Any]:
 
 
 def submit_request(
-    specs: Sequence[WorkloadSpec], actor: str, correlation_id: str | None = None
+    specs: Sequence[WorkloadSpec],
+    actor: str,
+    correlation_id: str | None = None,
+    on_durable: Callable[[Any, ApplyResult], None] | None = None,
 ) -> Request:
     """The request of a submission (what every door that submits builds)."""
     return Request("request", "submit", tuple(Submit(s) for s in specs), actor, correlation_id,
-                   audit_refused=False)
+                   audit_refused=False, on_durable=on_durable)
 
 
 def inadmissible(cp: ControlPlane, spec: WorkloadSpec, now: float) -> list[str]:

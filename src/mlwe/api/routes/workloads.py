@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import JSONResponse
 
 from mlwe.api import views
 from mlwe.api.auth import Principal, Role, requires
@@ -29,6 +32,9 @@ from mlwe.runtime.requests import StoreRefused
 router = APIRouter(prefix=API_PREFIX, tags=["workloads"])
 
 Ctx = Annotated[ApiContext, Depends(get_ctx)]
+#: Header values the server accepts (also declared in the OpenAPI schema).
+CORRELATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:+/=-]{0,254}$"
 WorkloadId = Annotated[str, Path(min_length=1, max_length=128, description="workload id")]
 
 _SPEC_BODY: dict[str, Any] = {
@@ -101,9 +107,29 @@ async def submit(
     request: Request,
     ctx: Ctx,
     principal: Annotated[Principal, requires(Role.SUBMITTER)],
-    x_correlation_id: Annotated[str | None, Header(max_length=128)] = None,
-) -> dict[str, Any]:
+    x_correlation_id: Annotated[
+        str | None, Header(max_length=128, pattern=CORRELATION_ID_PATTERN)
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key", min_length=1, max_length=255, pattern=IDEMPOTENCY_KEY_PATTERN,
+            description="a retry with the same key (and body) returns the first answer and"
+            " submits nothing again",
+        ),
+    ] = None,
+) -> Any:
     """Validate and submit; answers once the workloads are durable."""
+    key = body_hash = None
+    if idempotency_key is not None:
+        body = await request.body()
+        key = f"{principal.token_id}:{idempotency_key}"
+        body_hash = hashlib.sha256(
+            request.headers.get("content-type", "").encode() + b"\0" + body
+        ).hexdigest()
+        replay = _idempotent_replay(ctx, key, body_hash)
+        if replay is not None:
+            return replay
     specs = await _specs(request, ctx)
     wait = ctx.limiter.take(principal.token_id, len(specs))
     if wait:
@@ -119,19 +145,44 @@ async def submit(
         for s in specs
     ]
     cid = x_correlation_id or new_correlation_id()
+    on_durable = None
+    if key is not None and body_hash is not None:
+        if not ctx.idempotency.claim(key):
+            raise ApiError(409, "a request with this Idempotency-Key is in progress; retry",
+                           headers={"Retry-After": "1"})
+        repo, now, k, h = ctx.engine.repo, ctx.engine.clock.now(), key, body_hash
+
+        def on_durable(conn: Any, res: Any) -> None:
+            repo.remember_answer(conn, k, h, 201, json.dumps(_answer(res, cid)), now)
+
     try:
-        result = await ctx.submitter.submit(owned, principal.actor, cid)
+        result = await ctx.submitter.submit(owned, principal.actor, cid, on_durable)
     except StoreRefused as exc:  # the store is unreachable: nothing was kept
         raise ApiError(
             503, f"nothing was stored: {exc}; retry later (with the same Idempotency-Key)",
             headers={"Retry-After": "5"},
         ) from None
+    finally:
+        if key is not None:
+            ctx.idempotency.release(key)
     if not result.accepted:
         raise ApiError(
-            409,
-            "the control plane refused the submission; nothing was stored",
-            [(f"[{r.index}]" if r.index >= 0 else "", f"{r.subject}: " + "; ".join(r.reasons)) for r in result.rejections],
+            409 if not any(_inadmissible(r.reasons) for r in result.rejections) else 422,
+            "the submission was refused; nothing was stored",
+            [(f"[{r.index}]" if r.index >= 0 else "", f"{r.subject}: " + "; ".join(r.reasons))
+             for r in result.rejections],
         )
+    return _answer(result, cid)
+
+
+def _inadmissible(reasons: tuple[str, ...]) -> bool:
+    """Refusals of what the request *is* (a credential, an impossible shape), not of the
+    cluster's current state (an id already taken)."""
+    return any(r.startswith("inadmissible:") or "looks like a credential" in r
+               or "must be a finite number" in r or "out of range" in r for r in reasons)
+
+
+def _answer(result: Any, cid: str) -> dict[str, Any]:
     return {
         "accepted": True,
         "created": list(result.created),
@@ -139,6 +190,25 @@ async def submit(
         "correlation_id": cid,
         "rejections": [],
     }
+
+
+def _idempotent_replay(ctx: ApiContext, key: str, body_hash: str) -> JSONResponse | None:
+    """The first answer to ``key``, if there was one (the same body: or a 422)."""
+    try:
+        found = ctx.engine.repo.idempotent_answer(key)
+    except Exception as exc:
+        raise ApiError(503, f"the store is unavailable: {exc}", headers={"Retry-After": "5"}) from None
+    if found is None:
+        return None
+    stored_hash, status, response = found
+    if stored_hash != body_hash:
+        raise ApiError(
+            422,
+            "Idempotency-Key was already used with a different request; use a new key",
+            [("header.Idempotency-Key", "reused with a different body")],
+        )
+    return JSONResponse(json.loads(response), status_code=status,
+                        headers={"Idempotent-Replayed": "true"})
 
 
 @router.post(
