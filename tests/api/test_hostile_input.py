@@ -102,3 +102,26 @@ def test_a_503_means_nothing_was_stored(api: Api, monkeypatch: pytest.MonkeyPatc
     assert r.status_code == 201
     with eng.lock:
         assert sum(w.spec.name == "during-outage" for w in eng.cp.workloads.values()) == 1
+
+
+def test_inadmissible_is_said_apart_from_waiting(api: Api) -> None:
+    h = api.h(Role.SUBMITTER)
+    never = {"id": "never", "name": "never", "resources": {"gpu": 64, "cpu": 1}}
+    r = api.client.post("/api/v1/workloads", json=never, headers=h)
+    assert r.status_code == 422 and "inadmissible" in r.text
+    # admissible when it came; then its queue's quota is lowered below it: inadmissible
+    q = {"name": "team", "nominal": {"gpu": 8}}
+    assert api.client.put("/api/v1/queues/team", json=q, headers=api.h(Role.ADMIN)).status_code == 200
+    api.engine.stop()  # keep it queued: no scheduling cycle runs
+    big = {"id": "big", "name": "big", "queue": "team", "resources": {"gpu": 1, "cpu": 1}}
+    assert api.client.post("/api/v1/workloads", json=big, headers=h).status_code == 201
+    q = {"name": "team", "nominal": {"gpu": 0}}
+    assert api.client.put("/api/v1/queues/team", json=q, headers=api.h(Role.ADMIN)).status_code == 200
+    detail = api.client.get("/api/v1/workloads/big", headers=h).json()
+    assert detail["condition"] == "inadmissible" and detail["inadmissible_reasons"]
+    why = api.client.get("/api/v1/workloads/big/explain", headers=h).json()
+    assert why["condition"] == "inadmissible" and "inadmissible" in why["summary"]
+    q = {"name": "team", "nominal": {"gpu": 8}}
+    assert api.client.put("/api/v1/queues/team", json=q, headers=api.h(Role.ADMIN)).status_code == 200
+    listed = api.client.get("/api/v1/workloads", headers=h).json()["items"]
+    assert [w["condition"] for w in listed if w["id"] == "big"] == ["waiting"]

@@ -31,6 +31,15 @@ def state_of(api: Api, wid: str) -> str:
     return str(api.client.get(f"/api/v1/workloads/{wid}", headers=api.h(V)).json()["state"])
 
 
+def fill_a100s(api: Api) -> None:
+    """Take every A100 with one long job (what never fits is refused at submission now,
+    so a workload that waits must wait for capacity)."""
+    r = submit(api, job("filler", gpu=4, gpu_models=["A100-80GB"], replicas=2,
+                        estimated_duration="1d"))
+    assert r.status_code == 201, r.text
+    assert wait_for(lambda: state_of(api, "filler") == "running", timeout=30)
+
+
 # ================================================================== submit
 def test_submit_json_one_list_and_mapping_and_yaml_documents(api: Api) -> None:
     r = submit(api, job("one"), headers={**api.h(S), "X-Correlation-ID": "story-42"})
@@ -147,7 +156,10 @@ def test_an_urgent_fine_tune_preempts_and_explain_says_why(api: Api) -> None:
 
 
 def test_explain_says_why_a_workload_waits(api: Api) -> None:
-    submit(api, job("too-big", gpu=8, gpu_models=["A100-80GB"]))  # no node has 8 A100s
+    r = submit(api, job("never", gpu=8, gpu_models=["A100-80GB"]))  # no node has 8 A100s
+    assert r.status_code == 422 and "inadmissible" in r.text
+    fill_a100s(api)
+    submit(api, job("too-big", gpu=4, gpu_models=["A100-80GB"]))  # waits for capacity
     assert wait_for(lambda: api.engine.cp.workloads["too-big"].pending_reason != "")
     e = api.client.get("/api/v1/workloads/too-big/explain", headers=api.h(V)).json()
     assert e["state"] == "pending" and "waiting:" in e["summary"] and e["pending_reason"]
@@ -156,7 +168,8 @@ def test_explain_says_why_a_workload_waits(api: Api) -> None:
 
 # ================================================================== cancel
 def test_cancel_and_cancel_again(api: Api) -> None:
-    submit(api, job("c1", gpu=8))  # waits forever: cancelled from pending
+    fill_a100s(api)
+    submit(api, job("c1", gpu=4, gpu_models=["A100-80GB"]))  # waits: cancelled from pending
     r = api.client.post("/api/v1/workloads/c1/cancel", headers=api.h(S))
     assert r.status_code == 200 and state_of(api, "c1") == "cancelled"
     r = api.client.post("/api/v1/workloads/c1/cancel", headers=api.h(S))
@@ -314,16 +327,17 @@ def test_the_agent_mode_and_approvals(tmp_path: Path) -> None:
 
 # ========================================================= metrics, health
 def test_metrics_count_what_happens(api: Api) -> None:
+    fill_a100s(api)
     submit(api, job("m1", estimated_duration="20s", deadline_in="1h"))
-    submit(api, job("m2", gpu=8))
+    submit(api, job("m2", gpu=4, gpu_models=["A100-80GB"]))  # waits behind the filler
     assert wait_for(lambda: state_of(api, "m1") == "succeeded", timeout=30)
     text = api.client.get("/metrics", headers=api.h(V)).text
     assert 'mlwe_queue_depth{queue="default"} 1.0' in text
-    assert "mlwe_admissions_total 1.0" in text
+    assert "mlwe_admissions_total 2.0" in text  # the filler and m1
     assert 'mlwe_deadline_outcomes_total{outcome="met"} 1.0' in text
     count = [ln for ln in text.splitlines() if ln.startswith("mlwe_decision_latency_seconds_count")]
     assert count and float(count[0].split()[-1]) >= 1
-    assert 'mlwe_http_requests_total{method="POST",route="/api/v1/workloads",status="201"} 2.0' in text
+    assert 'mlwe_http_requests_total{method="POST",route="/api/v1/workloads",status="201"} 3.0' in text
     assert api.client.get("/metrics").status_code == 401
 
 

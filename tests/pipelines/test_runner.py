@@ -83,8 +83,11 @@ def test_a_pipeline_step_is_scheduled_like_any_workload_and_preempts(sim: SimRig
 
 
 def test_quota_holds_a_step_back_until_room_is_made(sim: SimRig) -> None:
-    p = Pipeline("quota", defaults={"queue": "small", "estimated_duration": "10s"})
-    p.step("big", ["x"], workload={"resources": {"cpu": "2"}})
+    # queue "small" holds one cpu: two one-cpu steps side by side, the second waits for
+    # the first's quota (a step larger than the queue could ever hold is refused at once)
+    p = Pipeline("quota", defaults={"queue": "small", "estimated_duration": "100s"})
+    p.step("first", ["x"], workload={"resources": {"cpu": "1"}})
+    p.step("second", ["x"], workload={"resources": {"cpu": "1"}})
     waits: list[str] = []
     sim.runner.listeners.append(
         lambda ev: waits.append(ev.data["reason"]) if ev.kind == "step.waiting" else None)
@@ -92,10 +95,12 @@ def test_quota_holds_a_step_back_until_room_is_made(sim: SimRig) -> None:
     sim.run_for(20)
     assert len(waits) == 1 and "quota" in waits[0]  # told once, in the scheduler's words
     rec = sim.runner.run(run.id)
-    assert rec.status == "running" and rec.steps[0].status == "submitted"
+    assert rec.status == "running"
+    assert sorted(s.status for s in rec.steps) == ["running", "submitted"]
     with sim.engine.lock:
-        w = sim.engine.cp.workloads[f"{run.id}.big"]
-        assert w.state is State.PENDING and "quota" in w.pending_reason
+        waiting = [w for w in sim.engine.cp.workloads.values() if w.state is State.PENDING]
+        assert len(waiting) == 1 and "quota" in waiting[0].pending_reason
+    sim.until(lambda: sim.runner.status(run.id) == "succeeded")  # room was made
 
 
 def test_refused_runs_store_and_submit_nothing(sim: SimRig, tmp_path: Path) -> None:

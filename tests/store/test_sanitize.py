@@ -521,3 +521,40 @@ def test_pathological_input_stays_linear(text: str) -> None:
     sanitize_text(text)
     # catastrophic backtracking on these inputs takes minutes; linear takes milliseconds
     assert time.perf_counter() - start < 15.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "keyAKIAIOSFODNN7EXAMPLE",  # glued to a word
+        "tokenghp_" + "A1b2C3d4E5" * 4,
+        "nameglpat-" + "x1Y2z3" * 4,
+        "xAIza" + "B" * 35,
+    ],
+)
+def test_a_secret_glued_to_a_word_is_caught(text: str) -> None:
+    assert REDACTED in sanitize(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["task-Run2024ExperimentAlphaBeta1", "dash_hf_" "notatoken", "desk-" + "Ab1" * 10],
+)
+def test_words_ending_in_a_token_prefix_are_kept(text: str) -> None:
+    assert sanitize(text) == text
+
+
+def test_the_id_of_a_token_is_not_a_secret() -> None:
+    record = {"event": "token-revoked", "token_id": "tok-1a2b", "tokenId": "tok-1a2b"}
+    assert sanitize(record) == record
+    assert sanitize({"session_id": "abc123"})["session_id"] == REDACTED
+    assert sanitize({"private_key_id": "abc"})["private_key_id"] == REDACTED
+
+
+def test_find_secrets_names_every_path() -> None:
+    from mlwe.store.sanitize import find_secrets
+
+    doc = {"name": "ok", "labels": {"api_key": "x", "k": "keyAKIAIOSFODNN7EXAMPLE"},
+           "command": ["run", "--password", "hunter2"], "env": {"PLAIN": "1"}}
+    assert find_secrets(doc) == ["labels.api_key", "labels.k", "command"]
+    assert find_secrets({"name": "clean"}) == []

@@ -9,7 +9,7 @@ MiB of VRAM, milli-CPU, MiB of RAM).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,6 +70,12 @@ class WorkloadSummary(_Out):
     preemptions: int
     nodes: list[str]
     pending_reason: str
+    condition: Literal["waiting", "inadmissible"] | None = Field(
+        default=None,
+        description="for a queued workload: 'inadmissible' (it could never run on this"
+        " cluster and queue as they are now) or 'waiting' (for capacity)",
+    )
+    inadmissible_reasons: list[str] = Field(default_factory=list)
     owner: str | None
     correlation_id: str | None
     lifecycle: list[str] = Field(description="the states it went through, oldest first (last 12)")
@@ -178,6 +184,12 @@ class Explanation(_Out):
     state: str
     summary: str = Field(description="why it is where it is, in one paragraph")
     pending_reason: str
+    condition: Literal["waiting", "inadmissible"] | None = Field(
+        default=None,
+        description="for a queued workload: 'inadmissible' (it could never run on this"
+        " cluster and queue as they are now) or 'waiting' (for capacity)",
+    )
+    inadmissible_reasons: list[str] = Field(default_factory=list)
     preempted_by: str | None
     victims: list[str]
     history: list[TransitionOut]

@@ -14,6 +14,7 @@ from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import HOLDING, QUEUED, TERMINAL, State, Transition
 from mlwe.core.model import Workload
 from mlwe.core.resources import Resources
+from mlwe.runtime.requests import inadmissible
 from mlwe.store.sanitize import sanitize
 
 #: The label that records which token submitted a workload (set by the API, never by users).
@@ -50,8 +51,36 @@ def deadline_at_risk(w: Workload, now: float) -> bool:
     return now + rem > w.deadline
 
 
-def workload_summary(w: Workload, now: float) -> dict[str, Any]:
+#: Per request: admission verdicts by workload shape (see :func:`admission`).
+AdmissionCache = dict[tuple[Any, ...], list[str]]
+
+
+def admission(cp: ControlPlane | None, w: Workload, cache: AdmissionCache | None = None
+              ) -> tuple[str | None, list[str]]:
+    """Kueue's distinction for a queued workload: ``inadmissible`` (it could never run
+    here as the cluster and its queue are now: a quota lowered below it, say) with the
+    reasons, or ``waiting`` (for capacity). None for a workload that is not queued."""
+    if w.state not in QUEUED or cp is None:
+        return None, []
     spec = w.spec
+    q = cp.queues.get(spec.queue)
+    key = (spec.resources, spec.replicas, spec.gpu_models, spec.min_vram_per_gpu,
+           tuple(sorted(spec.node_selector.items())), spec.queue, id(q.spec) if q else None)
+    reasons = None if cache is None else cache.get(key)
+    if reasons is None:
+        # a deadline that passed while it waited does not make it inadmissible: it was
+        # admissible when it came, and it may still run
+        reasons = inadmissible(cp, spec.model_copy(update={"deadline": None}), cp.now())
+        if cache is not None:
+            cache[key] = reasons
+    return ("inadmissible", reasons) if reasons else ("waiting", [])
+
+
+def workload_summary(
+    w: Workload, now: float, cp: ControlPlane | None = None, cache: AdmissionCache | None = None
+) -> dict[str, Any]:
+    spec = w.spec
+    condition, why = admission(cp, w, cache)
     return {
         "id": w.id,
         "name": spec.name,
@@ -70,6 +99,8 @@ def workload_summary(w: Workload, now: float) -> dict[str, Any]:
         "preemptions": w.preemptions,
         "nodes": list(dict.fromkeys(a.node for a in w.placement)),
         "pending_reason": w.pending_reason if w.state in QUEUED else "",
+        "condition": condition,
+        "inadmissible_reasons": why,
         "owner": spec.labels.get(OWNER_LABEL),
         "correlation_id": correlation_of(w),
         "lifecycle": [t.target.value for t in w.history[-12:]],
@@ -77,8 +108,8 @@ def workload_summary(w: Workload, now: float) -> dict[str, Any]:
     }
 
 
-def workload_detail(w: Workload, now: float) -> dict[str, Any]:
-    out = workload_summary(w, now)
+def workload_detail(w: Workload, now: float, cp: ControlPlane | None = None) -> dict[str, Any]:
+    out = workload_summary(w, now, cp)
     out.update(
         {
             "spec": sanitize(w.spec.model_dump(mode="json")),
@@ -193,6 +224,7 @@ def decision(rec: DecisionRecord) -> dict[str, Any]:
 def cluster_view(cp: ControlPlane, backend: str, *, max_workloads: int = 2000) -> dict[str, Any]:
     """The dashboard's snapshot: every node with its devices, and the live workloads."""
     now = cp.now()
+    cache: AdmissionCache = {}
     nodes = [node_view(cp, n) for n in cp.capacity.node_names()]
     live = [
         w
@@ -219,7 +251,7 @@ def cluster_view(cp: ControlPlane, backend: str, *, max_workloads: int = 2000) -
         "version": cp.version,
         "backend": backend,
         "nodes": nodes,
-        "workloads": [workload_summary(w, now) for w in live[:max_workloads]],
+        "workloads": [workload_summary(w, now, cp, cache) for w in live[:max_workloads]],
         "totals": totals,
     }
 
@@ -228,7 +260,10 @@ def explain(cp: ControlPlane, w: Workload, decisions: list[DecisionRecord]) -> d
     """Why a workload is where it is: its story in words, plus the records behind it."""
     now = cp.now()
     parts = [f"{w.id} ({w.spec.name}) is {w.state.value}"]
-    if w.state in QUEUED:
+    condition, why = admission(cp, w)
+    if condition == "inadmissible":
+        parts.append("; ".join(why))  # each reason starts with "inadmissible:"
+    elif w.state in QUEUED:
         parts.append(
             f"waiting: {w.pending_reason}" if w.pending_reason else "waiting for the next cycle"
         )
@@ -258,6 +293,8 @@ def explain(cp: ControlPlane, w: Workload, decisions: list[DecisionRecord]) -> d
         "state": w.state.value,
         "summary": ". ".join(parts) + ".",
         "pending_reason": w.pending_reason,
+        "condition": condition,
+        "inadmissible_reasons": why,
         "preempted_by": w.preempted_by,
         "victims": list(w.victims),
         "history": [transition(t) for t in w.history],

@@ -89,7 +89,8 @@ def screen(req: Request, catalog: GpuCatalog = DEFAULT_CATALOG) -> list[Rejectio
             ))
         )
     elif cid is not None and find_secrets(cid):
-        out.append(Rejection(-1, "request", "correlation_id", (_CREDENTIAL,)))
+        out.append(Rejection(-1, "request", "correlation_id",
+                             (f"the correlation id looks like a credential: {_CREDENTIAL}",)))
     notes = _number_problems(dict(req.detail))
     if notes:
         out.append(Rejection(-1, "request", "payload", tuple(notes)))
@@ -104,8 +105,8 @@ def screen(req: Request, catalog: GpuCatalog = DEFAULT_CATALOG) -> list[Rejectio
 
 
 _CREDENTIAL = (
-    "looks like a credential: credentials are never stored (an id or name shaped like a"
-    " token is refused, not stored altered); give secrets to the node's daemon environment"
+    "credentials are never stored (an id or name shaped like a token is refused, not stored"
+    " altered); give secrets to the node's daemon environment"
 )
 
 
@@ -134,8 +135,11 @@ def _credential_problems(a: Action) -> list[str]:
         return []
     if not isinstance(doc, BaseModel):
         return []  # the control plane rejects it as not validated
-    paths = find_secrets(doc.model_dump(mode="json"))
-    return [f"{_field(p)} {_CREDENTIAL}" for p in paths]
+    paths = [_field(p) for p in find_secrets(doc.model_dump(mode="json"))]
+    if not paths:
+        return []
+    what = paths[0] if len(paths) == 1 else ", ".join(paths[:-1]) + " and " + paths[-1]
+    return [f"{what} {'looks' if len(paths) == 1 else 'look'} like a credential: {_CREDENTIAL}"]
 
 
 def _field(path: str) -> str:

@@ -178,7 +178,7 @@ async def submit(
 def _inadmissible(reasons: tuple[str, ...]) -> bool:
     """Refusals of what the request *is* (a credential, an impossible shape), not of the
     cluster's current state (an id already taken)."""
-    return any(r.startswith("inadmissible:") or "looks like a credential" in r
+    return any(r.startswith("inadmissible:") or "like a credential" in r
                or "must be a finite number" in r or "out of range" in r for r in reasons)
 
 
@@ -268,7 +268,8 @@ def list_workloads(
         if owner is not None:
             ws = [w for w in ws if w.spec.labels.get(views.OWNER_LABEL) == owner]
         total = len(ws)
-        items = [views.workload_summary(w, now) for w in ws[offset : offset + limit]]
+        cache: views.AdmissionCache = {}
+        items = [views.workload_summary(w, now, eng.cp, cache) for w in ws[offset : offset + limit]]
     return {"total": total, "items": items}
 
 
@@ -286,7 +287,7 @@ def get_workload(
         w = eng.cp.workloads.get(workload_id)
         if w is None:
             raise _not_found(workload_id)
-        return views.workload_detail(w, eng.cp.now())
+        return views.workload_detail(w, eng.cp.now(), eng.cp)
 
 
 @router.get(

@@ -227,7 +227,12 @@
         chain.append(el("span", `st s-${s}`, s));
       });
       li.append(chain);
-      li.append(el("span", `st state-badge s-${w.state}`, w.state || ""));
+      // Kueue's distinction: a queued workload that could never run here is not "waiting"
+      const inadmissible = w.condition === "inadmissible" && ["pending", "preempted"].includes(w.state);
+      const badge = el("span", `st state-badge s-${inadmissible ? "inadmissible" : w.state}`,
+        inadmissible ? "inadmissible" : w.state || "");
+      if (inadmissible) badge.title = (w.inadmissible_reasons || []).join("; ");
+      li.append(badge);
       if (w.flash) { li.classList.add("flash"); w.flash = false; }
       frag.append(li);
     }
