@@ -94,6 +94,8 @@ def _params(pairs: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, float) and not math.isfinite(value):
+            value = raw  # ".inf" / ".nan": kept as the text given, never a non-finite number
         out_[key] = value if isinstance(value, str | int | float | bool) else raw
     return out_
 

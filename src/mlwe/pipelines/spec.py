@@ -34,11 +34,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.spec import WorkloadKind, WorkloadSpec
+from mlwe.specfile import DocumentError, loads_yaml
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
@@ -537,8 +537,8 @@ def load_pipeline(path: str | Path, catalog: GpuCatalog = DEFAULT_CATALOG) -> Pi
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        docs = loads_yaml(text)  # no aliases, no duplicate keys, finite numbers
+    except (OSError, DocumentError, UnicodeDecodeError) as exc:
         raise PipelineError([f"{p}: cannot read: {exc}"]) from None
     if len(docs) != 1:
         raise PipelineError([f"{p}: expected exactly one pipeline document, found {len(docs)}"])

@@ -403,12 +403,13 @@ class Engine:
         """Independent requests (each applied all-or-nothing and audited on its own),
         made durable together: concurrent callers share one commit (group commit).
 
-        Called from a tick hook (the engine lock held: the agent, workflows) the
-        requests are applied and audited, and the tick's flush makes them durable."""
+        Called with the engine lock held (a tick hook: the agent, workflows) they
+        are made durable at once, without waiting for the group commit (whose
+        leader may be waiting for this lock)."""
         if not reqs:
             return []
         if self.lock._is_owned():  # type: ignore[attr-defined]
-            return [self._apply_request(r) for r in reqs]
+            return self._durably(reqs)
         ticket = _Ticket(list(reqs))
         with self._pending_lock:
             self._pending.append(ticket)
