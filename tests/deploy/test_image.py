@@ -169,9 +169,11 @@ def test_the_image_serves_stores_a_submission_and_its_audit_verifies(
                        json={"id": "smoke-1", "name": "image smoke test", "resources": {"cpu": 1}})
         assert r.status_code in (200, 201, 202) and r.json()["created"] == ["smoke-1"], r.text
         assert httpx.get(f"{url}/api/v1/workloads/smoke-1", headers=h, timeout=30).status_code == 200
-        # graceful stop: SIGTERM to the server (buildah run would SIGKILL its child)
+        # graceful stop: SIGTERM to the server (buildah run would SIGKILL its child);
+        # uvicorn re-raises the signal once shut down, which buildah reports as status 1
         server.terminate()
-        assert proc.wait(timeout=60) == 0, "".join(lines)
+        proc.wait(timeout=60)
+        assert "Application shutdown complete." in "".join(lines), "".join(lines)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
