@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup chromium run demo test lint typecheck imports unit bench clean
+.PHONY: setup chromium image-tools image image-serve image-full run demo test lint typecheck imports unit bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
-setup: $(STAMP) chromium
+setup: $(STAMP) chromium image-tools
 
 # The dashboard's browser test drives Chromium from the OS packages (Playwright's own
 # browser download needs the internet at run time). Installed only when missing.
@@ -21,6 +21,23 @@ chromium:
 	@test -x /usr/bin/chromium || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 	  || echo "chromium missing and not root: run 'sudo apt-get install chromium'" >&2
+
+# The container image is built and smoke-tested with podman/buildah, its base made from
+# Debian packages with debootstrap (no container registry is needed). Installed only when
+# missing (tests/deploy/test_image.py runs under CI=true, which is root).
+image-tools:
+	@{ command -v podman && command -v buildah && command -v debootstrap; } >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah debootstrap >/dev/null; } \
+	  || echo "podman/buildah/debootstrap missing and not root: run 'sudo apt-get install podman buildah debootstrap'" >&2
+
+# the server image (core install, <= 250 MB) and its -full variant with the extras;
+# IMAGE=..., BASE=... (default: a base built here from Debian packages, cached)
+image: image-serve image-full
+image-serve: image-tools
+	@deploy/image/build.sh serve
+image-full: image-tools
+	@deploy/image/build.sh full
 
 # the whole engine: simulated heterogeneous cluster, SQLite store, rules agent,
 # REST API and live dashboard (it prints the URL and a first-start admin token)
@@ -40,7 +57,7 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-unit: $(STAMP) chromium
+unit: $(STAMP) chromium image-tools
 	$(VENV)/bin/pytest
 
 test: lint typecheck imports unit

@@ -38,7 +38,7 @@ from mlwe.store.cli import quarantine_app  # noqa: E402
 app.add_typer(quarantine_app, name="quarantine")
 
 DataDir = Annotated[
-    Path | None, typer.Option("--data-dir", help="data directory of the default SQLite store (./.mlwe)")
+    Path | None, typer.Option("--data-dir", help="data directory of the default SQLite store; default $MLWE_DATA_DIR or ./.mlwe")
 ]
 DatabaseUrl = Annotated[
     str | None,
@@ -156,6 +156,20 @@ def _load_trace_for_cli(
         raise typer.Exit(2) from None
 
 
+def _require_reports(out_dir: Path | None) -> None:
+    """--out draws plots: say which extra they need before the replay, not after it."""
+    if out_dir is None:
+        return
+    from mlwe.core.extras import MissingExtra
+    from mlwe.sim.report import require_plotting
+
+    try:
+        require_plotting()
+    except MissingExtra as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 def _run_replays(
     tr: Trace, policies: list[str], seed: int, invariants: bool, quiet: bool
 ) -> list[ReplayResult]:
@@ -209,6 +223,7 @@ def replay_cmd(
     if policy not in POLICIES:
         err.print(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         raise typer.Exit(2)
+    _require_reports(out)
     tr = _load_trace_for_cli(trace, cluster, limit, seed, skip_bad_rows)
     (result,) = _run_replays(tr, [policy], seed, not no_invariants, as_json)
     if out is not None:
@@ -240,6 +255,7 @@ def compare_cmd(
     if unknown or not names:
         err.print(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}")
         raise typer.Exit(2)
+    _require_reports(out)
     tr = _load_trace_for_cli(trace, cluster, limit, seed, skip_bad_rows)
     results = _run_replays(tr, names, seed, True, as_json)
     if out is not None:
@@ -289,11 +305,16 @@ def bench_kernel_cmd(
 
 
 def _store(data_dir: Path | None, database_url: str | None, *, check: bool = True):  # type: ignore[no-untyped-def]
+    from mlwe.core.extras import MissingExtra
     from mlwe.store.db import SchemaError, check_schema, make_engine
     from mlwe.store.db import database_url as resolve
 
     url = resolve(data_dir=data_dir, url=database_url)
-    engine = make_engine(url)
+    try:
+        engine = make_engine(url)
+    except (MissingExtra, ValueError) as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     if check:
         try:
             check_schema(engine)

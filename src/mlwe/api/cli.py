@@ -24,7 +24,7 @@ err = Console(stderr=True, highlight=False)
 Url = Annotated[str | None, typer.Option("--url", help="server URL; default $MLWE_URL or http://127.0.0.1:8080")]
 Token = Annotated[str | None, typer.Option("--token", help="bearer token; default $MLWE_TOKEN")]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
-DataDir = Annotated[Path | None, typer.Option("--data-dir", help="data directory of the default SQLite store (./.mlwe)")]
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="data directory of the default SQLite store; default $MLWE_DATA_DIR or ./.mlwe")]
 DatabaseUrl = Annotated[str | None, typer.Option("--database-url", help="SQLAlchemy URL; default $MLWE_DATABASE_URL or SQLite")]
 
 token_app = typer.Typer(help="API tokens (stored hashed).", no_args_is_help=True)
@@ -59,48 +59,70 @@ def _call(fn: Any) -> Any:
 
 # ====================================================================== serve
 def serve_cmd(
-    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
-    backend: Annotated[str, typer.Option(help="sim, local or ray")] = "sim",
-    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster spec file (nodes, queues); --backend ray needs it unless --ray-address local")] = None,
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster HOST:PORT for --backend ray ('local': start one on this machine)")] = None,
-    database_url: DatabaseUrl = None,
-    data_dir: DataDir = None,
-    bus: Annotated[str | None, typer.Option("--bus", help="event bus URL, e.g. nats://127.0.0.1:4222")] = None,
-    no_generator: Annotated[bool, typer.Option("--no-generator", help="no background workloads")] = False,
-    no_agent: Annotated[bool, typer.Option("--no-agent", help="do not run the agent loop")] = False,
-    agent_mode: Annotated[str, typer.Option(help="autonomous, approve or observe")] = "autonomous",
-    speed: Annotated[float, typer.Option(min=0.01, max=1000, help="engine clock speed (sim demos)")] = 1.0,
-    seed: int = 0,
-    cors_origin: Annotated[list[str] | None, typer.Option("--cors-origin", help="allowed browser origin (repeat)")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="config file (YAML, TOML or JSON); default $MLWE_CONFIG")] = None,
+    host: Annotated[str | None, typer.Option(help="address to listen on [$MLWE_HOST; 127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="[$MLWE_PORT; 8080]")] = None,
+    backend: Annotated[str | None, typer.Option(help="sim, local or ray [$MLWE_BACKEND; sim]")] = None,
+    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster spec file (nodes, queues); --backend ray needs it unless --ray-address local [$MLWE_CLUSTER]")] = None,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster HOST:PORT for --backend ray ('local': start one on this machine) [$MLWE_RAY_ADDRESS]")] = None,
+    database_url: Annotated[str | None, typer.Option("--database-url", help="SQLAlchemy URL [$MLWE_DATABASE_URL; SQLite in the data dir]")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="data directory of the default SQLite store [$MLWE_DATA_DIR; ./.mlwe]")] = None,
+    bus: Annotated[str | None, typer.Option("--bus", help="event bus URL, e.g. nats://127.0.0.1:4222 [$MLWE_BUS]")] = None,
+    generator: Annotated[bool | None, typer.Option("--generator/--no-generator", help="background workloads [$MLWE_GENERATOR; on]")] = None,
+    agent: Annotated[bool | None, typer.Option("--agent/--no-agent", help="run the agent loop [$MLWE_AGENT; on]")] = None,
+    agent_mode: Annotated[str | None, typer.Option(help="autonomous, approve or observe [$MLWE_AGENT_MODE]")] = None,
+    speed: Annotated[float | None, typer.Option(min=0.01, max=1000, help="engine clock speed, sim demos [$MLWE_SPEED; 1]")] = None,
+    seed: Annotated[int | None, typer.Option(help="[$MLWE_SEED; 0]")] = None,
+    cors_origin: Annotated[list[str] | None, typer.Option("--cors-origin", help="allowed browser origin, repeat [$MLWE_CORS_ORIGINS, comma-separated]")] = None,
+    log_level: Annotated[str | None, typer.Option(help="[$MLWE_LOG_LEVEL; info]")] = None,
+    show_config: Annotated[bool, typer.Option("--show-config", help="print the effective configuration as JSON and exit")] = False,
 ) -> None:
-    """Run the engine with its REST API and live dashboard."""
+    """Run the engine with its REST API and live dashboard.
+
+    Each option may also come from its MLWE_* environment variable or the config
+    file (flags win over the environment, the environment over the file)."""
     from mlwe.api.context import ApiSettings
     from mlwe.api.serve import ServeError, serve
+    from mlwe.core.extras import MissingExtra
+    from mlwe.runtime.settings import ServeSettings, SettingsError
     from mlwe.store.db import SchemaError
 
-    settings = ApiSettings(cors_origins=tuple(cors_origin or ()))
+    try:
+        cfg = ServeSettings.load(
+            config=config, host=host, port=port, backend=backend, cluster=cluster,
+            ray_address=ray_address, database_url=database_url, data_dir=data_dir, bus=bus,
+            generator=generator, agent=agent, agent_mode=agent_mode, speed=speed, seed=seed,
+            cors_origins=tuple(cors_origin) if cors_origin else None, log_level=log_level,
+        )
+    except SettingsError as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if show_config:
+        print(json.dumps(cfg.describe(), indent=2, sort_keys=True))
+        return
+    settings = ApiSettings(cors_origins=cfg.cors_origins)
     try:
         from mlwe.specfile import load_cluster
 
         serve(
-            host=host,
-            port=port,
-            backend=backend,
-            cluster=load_cluster(cluster) if cluster is not None else None,
-            ray_address=ray_address,
-            database_url=database_url,
-            data_dir=data_dir,
-            bus_url=bus,
-            generator=not no_generator,
-            agent=not no_agent,
-            agent_mode=agent_mode,
-            speed=speed,
-            seed=seed,
+            host=cfg.host,
+            port=cfg.port,
+            log_level=cfg.log_level,
+            backend=cfg.backend,
+            cluster=load_cluster(cfg.cluster) if cfg.cluster is not None else None,
+            ray_address=cfg.ray_address,
+            database_url=cfg.database_url_value(),
+            data_dir=cfg.data_dir,
+            bus_url=cfg.bus,
+            generator=cfg.generator,
+            agent=cfg.agent,
+            agent_mode=cfg.agent_mode,
+            speed=cfg.speed,
+            seed=cfg.seed,
             settings=settings,
             print_fn=lambda s: out.print(s, markup=False, soft_wrap=True),
         )
-    except (ServeError, SchemaError, ValueError) as exc:
+    except (ServeError, SchemaError, ValueError, MissingExtra) as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
 

@@ -27,13 +27,18 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import nats
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
+from mlwe.core.extras import missing_extra
+
+try:  # nats-py is the mlwe[nats] extra
+    import nats
+    import nats.errors
+    import nats.js.errors
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
+except ImportError as exc:
+    raise missing_extra("nats", exc) from exc
 
 from mlwe.bus.base import (
     DEFAULT_DURABLE,

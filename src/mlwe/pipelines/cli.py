@@ -15,9 +15,11 @@ seconds), and exits 0 if it succeeded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -510,6 +512,18 @@ def _print_figures(result: dict[str, Any], keys: list[str], as_json: bool) -> No
     out.print(table)
 
 
+@contextlib.contextmanager
+def _extra_or_exit() -> Iterator[None]:
+    """The case studies need ``mlwe[pipelines]``: a missing one is a message, not a traceback."""
+    from mlwe.core.extras import MissingExtra
+
+    try:
+        yield
+    except MissingExtra as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 @example_app.command("drift-retrain")
 def example_drift(
     seed: int = 0,
@@ -520,8 +534,9 @@ def example_drift(
     as_json: AsJson = False,
 ) -> None:
     """Drift -> retrain -> promote on the digits data set, run for real (~30 s)."""
-    from mlwe.pipelines import drift_retrain as dr
-    from mlwe.pipelines.programs.digitsdata import SHIFTS
+    with _extra_or_exit():
+        from mlwe.pipelines import drift_retrain as dr
+        from mlwe.pipelines.programs.digitsdata import SHIFTS
 
     if shift not in SHIFTS:
         err.print(f"error: --shift must be one of {', '.join(SHIFTS)}", markup=False)
@@ -550,7 +565,8 @@ def example_scaling(
     as_json: AsJson = False,
 ) -> None:
     """An HTTP inference service scaled by the agent under a rising and falling load (~50 s)."""
-    from mlwe.pipelines import inference_scaling as sc
+    with _extra_or_exit():
+        from mlwe.pipelines import inference_scaling as sc
 
     cfg = sc.ScalingConfig(seed=seed, duration_s=duration, peak_rps=peak_rps,
                            fail_node_at=0.5 if node_failure else -1.0)

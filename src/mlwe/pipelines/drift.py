@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from scipy.stats import ks_2samp  # type: ignore[import-untyped]
+from mlwe.core.extras import missing_extra
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,11 @@ class KSDriftDetector:
             raise ValueError(f"alpha must be within (0, 1), got {alpha}")
         if window < 20:
             raise ValueError(f"the window must hold at least 20 values, got {window}")
+        try:  # SciPy is in mlwe[pipelines], not the core install: fail at construction
+            from scipy.stats import ks_2samp  # type: ignore[import-untyped]
+        except ImportError as exc:
+            raise missing_extra("pipelines", exc) from exc
+        self._ks_2samp = ks_2samp
         self.reference = [float(x) for x in reference]
         self.alpha = alpha
         self.window: deque[float] = deque(maxlen=window)
@@ -76,7 +81,7 @@ class KSDriftDetector:
         ref_mean = sum(self.reference) / len(self.reference)
         if len(w) < 2:
             return DriftResult(False, 1.0, 0.0, len(w), len(self.reference), ref_mean, 0.0)
-        res = ks_2samp(self.reference, w)
+        res = self._ks_2samp(self.reference, w)
         p = float(res.pvalue)
         stat = float(res.statistic)
         return DriftResult(

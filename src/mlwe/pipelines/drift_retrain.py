@@ -36,7 +36,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as exc:  # the core install has no NumPy: name the extra that brings it
+    from mlwe.core.extras import missing_extra
+
+    raise missing_extra("pipelines", exc) from exc
 
 from mlwe.core.backend import Backend
 from mlwe.core.clock import Clock

@@ -27,7 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as exc:  # the core install has no NumPy: name the extra that brings it
+    from mlwe.core.extras import missing_extra
+
+    raise missing_extra("pipelines", exc) from exc
 
 
 @dataclass(frozen=True)

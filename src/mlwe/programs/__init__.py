@@ -5,6 +5,6 @@
 - ``train_digits``: a real small training run on scikit-learn's bundled digits
   data set that checkpoints on SIGTERM and resumes to the same result.
 
-They import only :mod:`mlwe.workload` (and, for ``train_digits``, scikit-learn),
-so starting one is quick.
+They import only :mod:`mlwe.workload` (and, for ``train_digits``, scikit-learn from
+the ``mlwe[pipelines]`` extra), so starting one is quick.
 """

@@ -41,10 +41,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mw.should_stop()  # install the SIGTERM hook before the (slow) imports
 
-    import numpy as np
-    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
-    from sklearn.linear_model import SGDClassifier  # type: ignore[import-untyped]
-    from sklearn.metrics import log_loss  # type: ignore[import-untyped]
+    try:
+        import numpy as np
+        from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+        from sklearn.linear_model import SGDClassifier  # type: ignore[import-untyped]
+        from sklearn.metrics import log_loss  # type: ignore[import-untyped]
+    except ImportError as exc:  # scikit-learn is in mlwe[pipelines], not the core install
+        from mlwe.core.extras import missing_extra
+
+        print(f"error: {missing_extra('pipelines', exc)}", file=sys.stderr)
+        return 2
 
     digits = load_digits()
     x = digits.data / 16.0

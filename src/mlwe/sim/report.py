@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlwe.core.extras import missing_extra
 from mlwe.core.spec import DEFAULT_PRIORITY_CLASSES
 from mlwe.sim.baselines import POLICY_SEMANTICS
 from mlwe.sim.metrics import Sample
@@ -203,6 +204,15 @@ def _priority_label(p: str) -> str:
 
 
 # ------------------------------------------------------------------------ plots
+def require_plotting() -> None:
+    """Raise :class:`~mlwe.core.extras.MissingExtra` naming ``mlwe[reports]`` when
+    matplotlib is not installed (the CLI calls it before a long replay, not after)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise missing_extra("reports", exc) from exc
+
+
 def _new_figure(height: float = 4.5) -> Figure:
     from matplotlib.figure import Figure
 
@@ -313,6 +323,7 @@ def _has_fragmentation(results: Sequence[ReplayResult]) -> bool:
 def write_plots(results: Sequence[ReplayResult], out_dir: Path) -> list[Path]:
     """The PNG plots (deadline outcomes only when the trace has deadlines)."""
     _check(results)
+    require_plotting()
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [
         _plot_jct_cdf(results, out_dir / "jct_cdf.png"),
@@ -434,8 +445,10 @@ def write_report(results: list[ReplayResult], out_dir: Path) -> list[Path]:
 
     Plots this module owns that do not apply to these results (no deadlines, no
     fragmentation samples) are removed, so a reused directory holds no stale ones.
+    Without matplotlib (``mlwe[reports]``) it writes nothing and raises ``MissingExtra``.
     """
     _check(results)
+    require_plotting()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = out_dir / METRICS_FILE

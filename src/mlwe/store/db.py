@@ -42,6 +42,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from mlwe.core.extras import missing_extra
 from mlwe.store import schema
 
 T = TypeVar("T")
@@ -50,6 +51,7 @@ T = TypeVar("T")
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 DEFAULT_DATA_DIR = Path(".mlwe")
 ENV_URL = "MLWE_DATABASE_URL"
+ENV_DATA_DIR = "MLWE_DATA_DIR"
 ENV_SQLITE_SYNCHRONOUS = "MLWE_SQLITE_SYNCHRONOUS"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 UPGRADE_HINT = "run `mlwe db upgrade`"
@@ -70,15 +72,19 @@ class StoreUnavailable(RuntimeError):
 def database_url(data_dir: Path | str | None = None, url: str | None = None) -> str:
     """The database to use: ``url`` if given, else ``$MLWE_DATABASE_URL``, else SQLite.
 
-    The SQLite default is ``<data_dir or ./.mlwe>/mlwe.db``; the directory is
-    created if it does not exist.
+    The SQLite default is ``<data_dir or $MLWE_DATA_DIR or ./.mlwe>/mlwe.db``; the
+    directory is created if it does not exist.
     """
     if url:
         return url
     env = os.environ.get(ENV_URL, "").strip()
     if env:
         return env
-    directory = Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
+    env_dir = os.environ.get(ENV_DATA_DIR, "").strip()
+    if data_dir is not None:
+        directory = Path(data_dir)
+    else:
+        directory = Path(env_dir) if env_dir else DEFAULT_DATA_DIR
     directory.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(directory / 'mlwe.db').resolve()}"
 
@@ -123,6 +129,11 @@ def make_engine(
     if backend == "postgresql":
         if u.drivername == "postgresql":
             u = u.set(drivername="postgresql+psycopg")  # psycopg 3 is the driver we ship
+        if u.drivername == "postgresql+psycopg":
+            try:  # psycopg is the mlwe[postgres] extra: say so, not just its module name
+                import psycopg  # noqa: F401
+            except ImportError as exc:
+                raise missing_extra("postgres", exc) from exc
         connect_args: dict[str, Any] = {"connect_timeout": connect_timeout_s}
         if schema_name:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", schema_name):

@@ -86,6 +86,7 @@ from mlwe.core.backend import (
 )
 from mlwe.core.capacity import ReplicaAlloc
 from mlwe.core.clock import Clock
+from mlwe.core.extras import missing_extra
 from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -238,8 +239,10 @@ class _Attempt:
 
 
 def _ray() -> Any:
-    import ray
-
+    try:
+        import ray
+    except ImportError as exc:  # Ray is the mlwe[ray] extra
+        raise missing_extra("ray", exc) from exc
     return ray
 
 

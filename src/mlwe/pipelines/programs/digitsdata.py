@@ -11,8 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
+try:
+    import numpy as np
+    from numpy.typing import NDArray
+except ImportError as exc:  # the core install has no NumPy: name the extra that brings it
+    from mlwe.core.extras import missing_extra
+
+    raise missing_extra("pipelines", exc) from exc
 
 N_TRAIN = 400
 N_TEST = 150

@@ -31,7 +31,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as exc:  # the core install has no NumPy: name the extra that brings it
+    from mlwe.core.extras import missing_extra
+
+    raise missing_extra("pipelines", exc) from exc
 
 
 class LinearModel:
