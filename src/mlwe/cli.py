@@ -10,8 +10,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlwe.specfile import SpecFileError, load_workloads
-
 if TYPE_CHECKING:
     from mlwe.sim.replay import ReplayResult
     from mlwe.sim.traces import Trace
@@ -54,6 +52,8 @@ def validate(
     files: Annotated[list[Path], typer.Argument(help="workload spec files (YAML or JSON)")],
 ) -> None:
     """Validate workload specs; print every error with its field path."""
+    from mlwe.specfile import SpecFileError, load_workloads
+
     bad = 0
     for f in files:
         try:
@@ -129,6 +129,7 @@ def _load_trace_for_cli(
     trace: str, cluster: str | None, limit: int | None, seed: int, skip_bad_rows: bool
 ) -> Trace:
     from mlwe.sim.traces import TRACE_CATALOG, TraceError, load_trace, parse_cluster_spec
+    from mlwe.specfile import SpecFileError
 
     spec = None
     if cluster is not None:

@@ -20,17 +20,21 @@
 - :mod:`mlwe.pipelines.cli`: ``mlwe pipeline``, ``mlwe runs``, ``mlwe example``.
 """
 
-from mlwe.pipelines.spec import (
-    InputRef,
-    ModelRegistration,
-    Pipeline,
-    PipelineError,
-    PipelineSpec,
-    StepKind,
-    StepSpec,
-    load_pipeline,
-    parse_pipeline,
-)
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what mypy sees; at run time each name loads on first use
+    from mlwe.pipelines.spec import (
+        InputRef,
+        ModelRegistration,
+        Pipeline,
+        PipelineError,
+        PipelineSpec,
+        StepKind,
+        StepSpec,
+        load_pipeline,
+        parse_pipeline,
+    )
 
 __all__ = [
     "InputRef",
@@ -43,3 +47,10 @@ __all__ = [
     "load_pipeline",
     "parse_pipeline",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # loaded on first use: ``mlwe --help`` imports the pipelines' CLI, not the specs
+    if name in __all__:
+        return getattr(import_module("mlwe.pipelines.spec"), name)
+    raise AttributeError(f"module 'mlwe.pipelines' has no attribute {name!r}")

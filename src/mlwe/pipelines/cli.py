@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -86,6 +85,8 @@ def _load(file: Path) -> Any:
 
 
 def _params(pairs: list[str]) -> dict[str, Any]:
+    import yaml
+
     out_: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")

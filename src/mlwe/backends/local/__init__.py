@@ -6,6 +6,19 @@
   evicts them gracefully, measures them with psutil and NVML.
 """
 
-from mlwe.backends.local.backend import LocalBackend
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what mypy sees; at run time each name loads on first use
+    from mlwe.backends.local.backend import LocalBackend
 
 __all__ = ["LocalBackend"]
+
+
+
+def __getattr__(name: str) -> Any:
+    # loaded on first use: ``mlwe --help`` imports the daemon's CLI, not the backend
+    if name == "LocalBackend":
+        return import_module("mlwe.backends.local.backend").LocalBackend
+    raise AttributeError(f"module 'mlwe.backends.local' has no attribute {name!r}")

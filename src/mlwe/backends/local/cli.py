@@ -10,13 +10,12 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from mlwe.backends.local.protocol import parse_address
-from mlwe.core.spec import NodeSpec
+if TYPE_CHECKING:  # imported where used: ``mlwe --help`` loads this module
+    from mlwe.core.spec import NodeSpec
 
 
 class NodeArgError(ValueError):
@@ -26,6 +25,10 @@ class NodeArgError(ValueError):
 def parse_node(text: str) -> tuple[NodeSpec, tuple[int, ...] | None]:
     """A node from ``name=n0,cpu=2,memory=4Gi,gpus=1,gpu_model=A100-80GB,gpu_indices=0``
     or from a JSON object with the same keys."""
+    from pydantic import ValidationError
+
+    from mlwe.core.spec import NodeSpec
+
     data: dict[str, Any]
     if text.lstrip().startswith("{"):
         try:
@@ -90,6 +93,8 @@ def daemon_command(
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     err = typer.echo
     try:
+        from mlwe.backends.local.protocol import parse_address
+
         address = parse_address(engine)
     except ValueError as exc:
         err(f"error: --engine: {exc}", err=True)

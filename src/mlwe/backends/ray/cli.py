@@ -18,13 +18,6 @@ from typing import Annotated, Any
 
 import typer
 
-from mlwe.backends.ray.cluster import (
-    check_reachable,
-    node_problems,
-    node_resource,
-    ray_start_command,
-)
-
 app = typer.Typer(help="Ray backend: how Ray nodes map to mlwe nodes.", no_args_is_help=True)
 
 ClusterFile = Annotated[Path, typer.Argument(help="cluster spec (YAML or JSON)")]
@@ -46,6 +39,8 @@ def commands_cmd(
     head: Annotated[str, typer.Option(help="the Ray head's address")] = "HEAD_IP:PORT",
 ) -> None:
     """Print the `ray start` line that makes a machine serve each mlwe node."""
+    from mlwe.backends.ray.cluster import ray_start_command
+
     for node in _cluster(cluster_file).all_nodes():
         typer.echo(f"# {node.name}")
         typer.echo(ray_start_command(node, head))
@@ -60,7 +55,12 @@ def check_cmd(
     """Check that a running Ray cluster serves every node of CLUSTER_FILE."""
     import ray
 
-    from mlwe.backends.ray.cluster import ray_node_table
+    from mlwe.backends.ray.cluster import (
+        check_reachable,
+        node_problems,
+        node_resource,
+        ray_node_table,
+    )
 
     cluster = _cluster(cluster_file)
     try:
