@@ -18,14 +18,29 @@ app = typer.Typer(
     name="mlwe",
     help="ML Workload Engine: verified, deterministic, explainable scheduling for ML clusters.",
     no_args_is_help=True,
-    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from mlwe import __version__
+
+        print(f"mlwe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", "-V", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """ML Workload Engine: verified, deterministic, explainable scheduling for ML clusters."""
 bench_app = typer.Typer(help="Benchmarks that print figures (not tests).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 db_app = typer.Typer(help="The engine's database: schema migrations.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-audit_app = typer.Typer(help="The tamper-evident decision audit.", no_args_is_help=True)
-app.add_typer(audit_app, name="audit")
 events_app = typer.Typer(help="Event ingress: dead letters and replay.", no_args_is_help=True)
 app.add_typer(events_app, name="events")
 from mlwe.agent.cli import agent_app  # noqa: E402  (the agent's commands live in mlwe.agent)
@@ -335,49 +350,6 @@ def db_upgrade(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> No
     migrate(engine)
     out.print(f"{redact_url(str(engine.url))}: {before or 'empty'} -> {current_revision(engine)}",
               markup=False)
-
-
-@audit_app.command("verify")
-def audit_verify(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
-    """Check the hash chain; name the first record that does not fit."""
-    from mlwe.store.audit import AuditLog
-
-    result = AuditLog(_store(data_dir, database_url)).verify()
-    if result.ok:
-        out.print(f"audit chain ok: {result.checked} records, head {result.head_hash[:16]}")
-        return
-    err.print(f"audit chain BROKEN at record {result.first_bad_seq}: {result.reason}"
-              f" ({result.checked} records verified before it)", markup=False)
-    raise typer.Exit(1)
-
-
-@audit_app.command("show")
-def audit_show(
-    workload: Annotated[str | None, typer.Option(help="records about this workload")] = None,
-    correlation: Annotated[str | None, typer.Option(help="records with this correlation id")] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 50,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-) -> None:
-    """Why: the audit records of a workload or of one correlation id."""
-    from mlwe.store.audit import AuditLog
-
-    if workload is None and correlation is None:
-        err.print("give --workload ID or --correlation ID")
-        raise typer.Exit(2)
-    entries = AuditLog(_store(data_dir, database_url)).show(
-        workload=workload, correlation_id=correlation, limit=limit
-    )
-    for e in entries:
-        if as_json:
-            print(json.dumps({"seq": e.seq, "time": e.time, "kind": e.kind, "actor": e.actor,
-                              "workload": e.workload, "correlation_id": e.correlation_id,
-                              "payload": e.data()}, sort_keys=True))
-        else:
-            out.print(e.line(), markup=False, soft_wrap=True)
-    if not entries:
-        err.print("no audit records match")
 
 
 @events_app.command("dead-letters")

@@ -104,7 +104,7 @@ def loads_yaml(text: str) -> list[Any]:
     try:
         return [d for d in yaml.load_all(text, Loader=SpecLoader) if d is not None]
     except yaml.YAMLError as exc:
-        raise DocumentError(f"invalid YAML: {exc}") from None
+        raise DocumentError(f"invalid YAML at {yaml_problem(exc)}") from None
     except RecursionError:
         raise DocumentError("invalid YAML: nested too deeply") from None
     except ValueError:  # an integer past Python's digit limit
@@ -147,12 +147,51 @@ def parse_workloads(
     return specs, errors
 
 
+def _field_names(model: type[BaseModel], seen: set[type[BaseModel]] | None = None) -> set[str]:
+    """Every field name of ``model`` and of the models nested in it (for "did you mean")."""
+    import typing
+
+    seen = seen if seen is not None else set()
+    if model in seen:
+        return set()
+    seen.add(model)
+    names: set[str] = set()
+    for name, f in model.model_fields.items():
+        names.add(f.alias or name)
+        stack: list[Any] = [f.annotation]
+        while stack:
+            t = stack.pop()
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                names |= _field_names(t, seen)
+            stack += list(typing.get_args(t))
+    return names
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """" (did you mean 'x'?)" for the closest choice, or "" when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _errors(exc: ValidationError, source: str, here: str) -> list[SpecError]:
     out = []
     for e in exc.errors():
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden" and e["loc"] and isinstance(e["loc"][-1], str):
+            msg = "unknown field" + did_you_mean(e["loc"][-1], _field_names(WorkloadSpec))
         out.append(SpecError(source, _loc(here, e["loc"]), msg))
     return out
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as "line L, column C: problem", without PyYAML's ``<unicode string>``."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def load_workloads(path: str | Path, catalog: GpuCatalog = DEFAULT_CATALOG) -> list[WorkloadSpec]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import threading
 import time
 from pathlib import Path
@@ -38,7 +40,7 @@ def test_an_operator_approves_the_agents_plan_from_the_cli(tmp_path: Path) -> No
         r = runner.invoke(app, ["agent", "mode", "approve"], env=op)
         assert r.exit_code == 0 and "approve" in r.output
         r = runner.invoke(app, ["agent", "status"], env=viewer)
-        assert r.exit_code == 0 and "mode: approve" in r.output
+        assert r.exit_code == 0 and re.search(r"Mode:\s+approve", r.output), r.output
 
         r = runner.invoke(app, ["agent", "pending"], env=viewer)
         assert r.exit_code == 0 and "no plan waits" in r.output

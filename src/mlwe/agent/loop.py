@@ -523,6 +523,10 @@ class Agent:
             return self._finish(cid, f, situation, choice, wi, "observed",
                                 ("observe mode: proposed, not committed",), attempt)
         if self.mode is Mode.APPROVE:
+            waiting = next((p for p in self._pending.values() if p.finding.id == f.id), None)
+            if waiting is not None:  # the same finding again: one plan waits for it, not one per tick
+                return self._finish(cid, f, situation, choice, wi, "pending-approval",
+                                    (f"already waiting for an operator: {waiting.id}",), attempt)
             pid = f"plan-{cid}"
             self._pending[pid] = PendingPlan(pid, plan, f, wi, choice.trace.to_dict(),
                                              situation.version, self.cp.now(), cid)

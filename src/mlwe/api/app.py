@@ -5,7 +5,7 @@
 - ``/api/v1/...``: the REST API (OpenAPI at ``/openapi.json``); every route
   declares the least role it needs (``mlwe.api.auth.requires``);
 - ``/api/v1/streams``: Server-Sent Events (telemetry, state, reasoning, audit);
-- ``/metrics``: Prometheus (viewer token);
+- ``/metrics``: Prometheus (viewer token, or public when the operator chooses);
 - ``/healthz``, ``/readyz``: liveness and readiness (public, no data);
 - ``/``: the dashboard (static files, public: it holds no data until a token is given).
 
@@ -28,7 +28,7 @@ from fastapi.staticfiles import StaticFiles
 from mlwe.api import errors
 from mlwe.api.auth import Principal, Role, TokenStore, declared_role, requires
 from mlwe.api.context import ApiContext, ApiSettings
-from mlwe.api.metrics import ApiMetrics, RequestMetrics
+from mlwe.api.metrics import AccessLog, ApiMetrics, RequestMetrics
 from mlwe.api.models import Health
 from mlwe.api.relay import DecisionRelay
 from mlwe.api.routes import cluster, ops, pipelines, streams, workloads
@@ -118,16 +118,28 @@ def create_app(
         body = {"status": "ready" if ready else "not ready", "checks": checks}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @app.get(
-        "/metrics",
-        tags=["system"],
-        summary="Prometheus metrics",
-        response_class=Response,
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
-    )
-    def prometheus(request: Request, principal: Annotated[Principal, requires(Role.VIEWER)]) -> Response:
+    def _metrics_body(request: Request) -> Response:
         data = request.app.state.ctx.metrics.render()
         return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    if settings.public_metrics:  # chosen by the operator (mlwe serve --public-metrics)
+
+        @app.get("/metrics", tags=["system"], summary="Prometheus metrics (public on this server)",
+                 response_class=Response,
+                 responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+        def prometheus_public(request: Request) -> Response:
+            return _metrics_body(request)
+    else:
+
+        @app.get(
+            "/metrics",
+            tags=["system"],
+            summary="Prometheus metrics (viewer token; mlwe serve --public-metrics: none)",
+            response_class=Response,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+        )
+        def prometheus(request: Request, principal: Annotated[Principal, requires(Role.VIEWER)]) -> Response:
+            return _metrics_body(request)
 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:
@@ -135,11 +147,12 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
-    _check_roles(app)
+    _check_roles(app, {"/metrics"} if settings.public_metrics else set())
     _add_spec_schema(app)
 
     # outermost last: headers on everything, then size limits, then metrics
     app.add_middleware(RequestMetrics, metrics=lambda: ctx.metrics)
+    app.add_middleware(AccessLog)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(
@@ -175,12 +188,13 @@ def iter_api_routes(app: FastAPI) -> list[tuple[str, frozenset[str], APIRoute]]:
     return out
 
 
-def _check_roles(app: FastAPI) -> None:
+def _check_roles(app: FastAPI, also_public: set[str] | None = None) -> None:
     """Every API route declares a role, or is explicitly public."""
+    public = PUBLIC_PATHS | (also_public or set())
     missing = [
         f"{','.join(sorted(methods))} {path}"
         for path, methods, route in iter_api_routes(app)
-        if declared_role(route.dependant) is None and path not in PUBLIC_PATHS
+        if declared_role(route.dependant) is None and path not in public
     ]
     if missing:
         raise RuntimeError("routes without a declared role: " + "; ".join(missing))

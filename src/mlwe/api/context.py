@@ -31,6 +31,7 @@ class ApiSettings:
     heartbeat_s: float = 15.0
     token_cache_s: float = 5.0
     bus_prefix: str = "mlwe"  # subject prefix of the engine's NATS stream (dead-letter replay)
+    public_metrics: bool = False  # /metrics without a token (a scraper that has none)
 
 
 class InFlightKeys:

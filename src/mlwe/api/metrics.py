@@ -60,6 +60,19 @@ class _EngineCollector(Collector):
                 used += info.capacity.gpu - cp.capacity.free(name).gpu
             counters = dict(cp.counters)
             version = cp.version
+            per_node = []  # (node, model, status, gpu cap, gpu used, cpu cap, cpu used, ram cap, ram used)
+            for name in cp.capacity.node_names():
+                info = cp.capacity.info(name)
+                cap, free = info.capacity, cp.capacity.free(name)
+                per_node.append((name, info.gpu_model or "none", cp.capacity.status(name).value,
+                                 cap.gpu, cap.gpu - free.gpu, cap.cpu, cap.cpu - free.cpu,
+                                 cap.ram, cap.ram - free.ram))
+            running: dict[str, int] = dict.fromkeys(cp.queues, 0)
+            queue_gpu: dict[str, int] = dict.fromkeys(cp.queues, 0)
+            for w in cp.workloads.values():
+                if w.placement:
+                    running[w.queue] = running.get(w.queue, 0) + 1
+                    queue_gpu[w.queue] = queue_gpu.get(w.queue, 0) + sum(a.res.gpu for a in w.placement)
         g = GaugeMetricFamily("mlwe_queue_depth", "workloads waiting for placement", labels=["queue"])
         for q, n in sorted(depth.items()):
             g.add_metric([q], n)
@@ -85,6 +98,53 @@ class _EngineCollector(Collector):
         for k, n in sorted(counters.items()):
             c.add_metric([k], n)
         yield c
+        # per node, per GPU model, per queue (Prometheus conventions: base units, _total counters)
+        labels = ["node", "gpu_model", "status"]
+        fams = {
+            "gpus": GaugeMetricFamily("mlwe_node_gpus", "GPUs of a node", labels=labels),
+            "gpus_used": GaugeMetricFamily("mlwe_node_gpus_allocated", "GPUs of a node held by workloads",
+                                           labels=labels),
+            "cpu": GaugeMetricFamily("mlwe_node_cpu_cores", "CPU cores of a node", labels=labels),
+            "cpu_used": GaugeMetricFamily("mlwe_node_cpu_cores_allocated", "CPU cores of a node held",
+                                          labels=labels),
+            "ram": GaugeMetricFamily("mlwe_node_memory_bytes", "RAM of a node", labels=labels),
+            "ram_used": GaugeMetricFamily("mlwe_node_memory_allocated_bytes", "RAM of a node held",
+                                          labels=labels),
+        }
+        by_model: dict[str, list[int]] = {}
+        for name, model, status, gcap, gused, ccap, cused, rcap, rused in per_node:
+            lv = [name, model, status]
+            fams["gpus"].add_metric(lv, gcap / 1000)
+            fams["gpus_used"].add_metric(lv, gused / 1000)
+            fams["cpu"].add_metric(lv, ccap / 1000)
+            fams["cpu_used"].add_metric(lv, cused / 1000)
+            fams["ram"].add_metric(lv, rcap * 1024 * 1024)
+            fams["ram_used"].add_metric(lv, rused * 1024 * 1024)
+            if gcap:
+                m = by_model.setdefault(model, [0, 0])
+                m[0] += gcap
+                m[1] += gused
+        yield from fams.values()
+        g = GaugeMetricFamily("mlwe_gpu_model_gpus", "GPUs of one model", labels=["gpu_model"])
+        ga = GaugeMetricFamily("mlwe_gpu_model_gpus_allocated", "GPUs of one model held", labels=["gpu_model"])
+        for model, (cap_g, used_g) in sorted(by_model.items()):
+            g.add_metric([model], cap_g / 1000)
+            ga.add_metric([model], used_g / 1000)
+        yield g
+        yield ga
+        g = GaugeMetricFamily("mlwe_queue_pending_workloads", "workloads waiting, per queue", labels=["queue"])
+        for q, n in sorted(depth.items()):
+            g.add_metric([q], n)
+        yield g
+        g = GaugeMetricFamily("mlwe_queue_running_workloads", "workloads holding resources, per queue",
+                              labels=["queue"])
+        for q, n in sorted(running.items()):
+            g.add_metric([q], n)
+        yield g
+        g = GaugeMetricFamily("mlwe_queue_gpus_allocated", "GPUs held by a queue's workloads", labels=["queue"])
+        for q, n in sorted(queue_gpu.items()):
+            g.add_metric([q], n / 1000)
+        yield g
         yield GaugeMetricFamily("mlwe_stream_clients", "connected stream clients", value=self.streams.clients)
         yield CounterMetricFamily("mlwe_stream_events_sent", "stream events sent", value=self.streams.sent)
         yield CounterMetricFamily(
@@ -186,3 +246,53 @@ class RequestMetrics:
             await send(message)
 
         await self.app(scope, receive, observe)
+
+
+class AccessLog:
+    """ASGI middleware: the request's correlation id (``X-Correlation-ID``, else a new one) in
+    :data:`mlwe.runtime.logs.correlation_id` and on the response, and one ``mlwe.access`` line
+    per request (method, route, status, milliseconds to the first byte)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        import logging
+        import secrets
+
+        from mlwe.runtime.logs import correlation_id
+
+        cid = None
+        for k, v in scope.get("headers", ()):
+            if k == b"x-correlation-id":
+                cid = v.decode("latin-1")[:128]
+        cid = cid or secrets.token_hex(8)
+        token = correlation_id.set(cid)
+        t0 = time.perf_counter()
+        logged = [False]
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start" and not logged[0]:
+                logged[0] = True
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"x-correlation-id" for k, _ in headers):
+                    headers.append((b"x-correlation-id", cid.encode("latin-1", "replace")))
+                message = {**message, "headers": headers}
+                route = getattr(scope.get("route"), "path", None) or scope.get("path", "")
+                status = int(message["status"])
+                logging.getLogger("mlwe.access").log(
+                    logging.WARNING if status >= 500 else logging.INFO,
+                    "%s %s %d", scope.get("method", ""), scope.get("path", ""), status,
+                    extra={"method": scope.get("method", ""), "route": route, "status": status,
+                           "duration_ms": round((time.perf_counter() - t0) * 1000, 2),
+                           "client": (scope.get("client") or ("", 0))[0]},
+                )
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            correlation_id.reset(token)

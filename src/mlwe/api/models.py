@@ -97,6 +97,8 @@ class WorkloadDetail(WorkloadSummary):
 class WorkloadList(_Out):
     total: int
     items: list[WorkloadSummary]
+    now: float | None = Field(default=None, description="the engine's clock when listed (ages are now - submit_time)")
+    next_offset: int | None = Field(default=None, description="offset of the next page; null: this is the last")
 
 
 class SubmitResult(_Out):

@@ -6,7 +6,8 @@ options), the one it chose and why, and the control plane's verdict. This
 relay turns each durable ``preempt`` decision (read from the audit stream, so
 it is published only after it is stored) into a trace on the ``reasoning``
 topic, labelled ``source: scheduler``, next to the agent's own traces. It is
-not stored a second time: the audit record is the durable copy.
+not stored a second time: the audit record is the durable copy. It also
+writes one ``mlwe.decision`` log line per decision (of every kind).
 """
 
 from __future__ import annotations
@@ -59,6 +60,24 @@ def trace_of_decision(payload: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+decision_log = logging.getLogger("mlwe.decision")
+
+
+def log_decision(ev: StreamEvent) -> None:
+    """One ``mlwe.decision`` log line per durable scheduling decision (audit kind ``decision``)."""
+    data = ev.data
+    p = data.get("payload")
+    if data.get("kind") != "decision" or not isinstance(p, dict) or not decision_log.isEnabledFor(logging.INFO):
+        return
+    reasons = [str(r) for r in p.get("reasons", [])]
+    decision_log.info(
+        "%s %s: %s", p.get("kind"), p.get("workload"), p.get("chosen"),
+        extra={"decision": p.get("kind"), "workload": p.get("workload"), "policy": p.get("policy"),
+               "chosen": p.get("chosen"), "version": p.get("version"), "reasons": reasons[:5],
+               "correlation_id": ev.correlation_id, "audit_seq": data.get("seq")},
+    )
+
+
 class DecisionRelay:
     """A daemon thread reading the audit stream and publishing scheduler traces."""
 
@@ -75,6 +94,7 @@ class DecisionRelay:
             events, _ = sub.get(timeout=1.0)
             for ev in events:
                 try:
+                    log_decision(ev)
                     trace = trace_of(ev)
                     if trace is not None:
                         self.engine.streams.publish(

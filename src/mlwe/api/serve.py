@@ -247,18 +247,44 @@ def _check_bus(url: str) -> str:
     return url
 
 
+def bind(host: str, port: int) -> Any:
+    """A listening socket on host:port, or :class:`ServeError` saying why not (port in use,
+    address not on this machine); bound before anything else starts or is printed."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        hint = " (another server listens there: choose --port)" if exc.errno in (98, 48, 10048) else ""
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(
     *,
     host: str = "127.0.0.1",
     port: int = 8080,
     log_level: str = "info",
     print_fn: Any = print,
+    sock: Any = None,
     **kwargs: Any,
 ) -> None:
-    """Build the service and run it under uvicorn until interrupted."""
+    """Build the service and run it under uvicorn until interrupted (on ``sock``, bound by
+    :func:`bind`, so the port is known to be free before the token and URL are printed)."""
     import uvicorn
 
-    svc = build_service(**kwargs)
+    sock = sock if sock is not None else bind(host, port)
+    try:
+        svc = build_service(**kwargs)
+    except BaseException:
+        sock.close()
+        raise
     shown = "localhost" if host in ("0.0.0.0", "::", "127.0.0.1") else host
     url = f"http://{shown}:{port}/"
     print_fn(f"mlwe engine: backend {svc.engine.backend.name}, "
@@ -268,11 +294,20 @@ def serve(
         print_fn("admin token (shown once; only its hash is stored):")
         print_fn(f"  {svc.admin_token}")
         print_fn(f"dashboard: {url}#token={svc.admin_token}")
+        print_fn(f"more tokens: MLWE_URL={url.rstrip('/')} MLWE_TOKEN=<admin token> mlwe token create --role viewer")
     else:
-        print_fn(f"dashboard: {url}  (create a token: mlwe token create --role viewer)")
+        data_dir = kwargs.get("data_dir")
+        from mlwe.store.db import redact_url
+
+        where = (f" --database-url {redact_url(kwargs['database_url'])}" if kwargs.get("database_url")
+                 else f" --data-dir {Path(data_dir or '.mlwe').resolve()}")
+        print_fn(f"dashboard: {url}  (a token: mlwe token create --role viewer --url {url.rstrip('/')}"
+                 f" --token <admin token>, or without a server: mlwe token create --role viewer{where})")
+    config = uvicorn.Config(svc.app, host=host, port=port, log_level=log_level, access_log=False,
+                            log_config=None, timeout_graceful_shutdown=5)
     try:
         # SSE streams never end by themselves: give them 5 s to go on shutdown
-        uvicorn.run(svc.app, host=host, port=port, log_level=log_level, access_log=False,
-                    timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         svc.close()

@@ -270,7 +270,8 @@ def list_workloads(
         total = len(ws)
         cache: views.AdmissionCache = {}
         items = [views.workload_summary(w, now, eng.cp, cache) for w in ws[offset : offset + limit]]
-    return {"total": total, "items": items}
+    nxt = offset + limit if offset + limit < total else None
+    return {"total": total, "items": items, "now": now, "next_offset": nxt}
 
 
 @router.get(
