@@ -52,7 +52,10 @@ def test_an_operator_approves_the_agents_plan_from_the_cli(tmp_path: Path) -> No
         r = runner.invoke(app, ["agent", "approve", "nope"], env=op)
         assert r.exit_code != 0 and "nope" in r.output
         r = runner.invoke(app, ["agent", "approve", plan_id, "--comment", "go"], env=op)
-        assert r.exit_code == 0 and plan_id in r.output
+        assert plan_id in r.output, r.output
+        # committed: exit 0; re-forecast on the current state and no longer better (or
+        # refused by the control plane): the operator's approval did nothing, exit 1
+        assert r.exit_code == (0 if f"plan {plan_id}: committed" in r.output else 1), r.output
         assert not any(p["id"] == plan_id for p in agent.pending())
     finally:
         server.should_exit = True

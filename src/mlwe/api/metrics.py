@@ -178,6 +178,24 @@ class ApiMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.preempted = Counter(
+            "mlwe_preempted_workloads",
+            "workloads sent to preemption, by the victim's queue",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.lost_gpu_seconds = Counter(
+            "mlwe_preemption_lost_gpu_seconds",
+            "GPU-seconds of work since the last checkpoint when a workload was preempted"
+            " (an upper bound: the grace period may save some), by the victim's queue",
+            ["queue"],
+            registry=self.registry,
+        )
+        for q in engine.cp.queues:
+            self.preempted.labels(q)
+            self.lost_gpu_seconds.labels(q)
+        for outcome in ("met", "missed"):  # exported at 0 from the start, so rate() has a series
+            self.deadlines.labels(outcome)
         self.requests = Counter(
             "mlwe_http_requests", "HTTP requests", ["method", "route", "status"], registry=self.registry
         )
@@ -211,6 +229,9 @@ class ApiMetrics:
     def _on_transition(self, w: Workload, tr: Transition) -> None:
         if tr.target is State.ADMITTED and tr.source in QUEUED and w.attempt <= 1:
             self.admission_wait.observe(max(0.0, tr.time - w.submit_time))
+        elif tr.target is State.PREEMPTING:
+            self.preempted.labels(w.queue).inc()
+            self.lost_gpu_seconds.labels(w.queue).inc(w.work_at_risk(tr.time) * w.gpus())
         elif tr.target is State.SUCCEEDED and w.deadline is not None:
             self.deadlines.labels("met" if tr.time <= w.deadline else "missed").inc()
 
