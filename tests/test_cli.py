@@ -81,3 +81,11 @@ def test_audit_commands_refuse_a_database_without_schema_then_detect_tampering(
 def test_replay_rejects_an_unknown_policy() -> None:
     r = runner.invoke(app, ["replay", "synthetic", "--policy", "nope"])
     assert r.exit_code == 2 and "unknown policy" in r.output
+
+
+def test_a_replay_without_contention_says_its_comparison_means_nothing() -> None:
+    r = runner.invoke(app, ["replay", "synthetic", "--limit", "60", "--cluster", "pooled:2000", "--json"])
+    assert r.exit_code == 0, r.output
+    assert "warning: synthetic / mlwe: no contention" in r.output
+    r = runner.invoke(app, ["replay", "synthetic", "--limit", "60", "--cluster", "pooled:4", "--json"])
+    assert r.exit_code == 0 and "no contention" not in r.output

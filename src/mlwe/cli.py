@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -242,6 +242,7 @@ def replay_cmd(
     _require_reports(out)
     tr = _load_trace_for_cli(trace, cluster, limit, seed, skip_bad_rows)
     (result,) = _run_replays(tr, [policy], seed, not no_invariants, as_json)
+    _warn_if_no_contention([result])
     if out is not None:
         from mlwe.sim.report import write_report
 
@@ -274,6 +275,7 @@ def compare_cmd(
     _require_reports(out)
     tr = _load_trace_for_cli(trace, cluster, limit, seed, skip_bad_rows)
     results = _run_replays(tr, names, seed, True, as_json)
+    _warn_if_no_contention(results)
     if out is not None:
         from mlwe.sim.report import write_report
 
@@ -282,6 +284,21 @@ def compare_cmd(
         print(json.dumps({r.policy: r.metrics for r in results}, sort_keys=True))
         return
     _print_metrics(results)
+
+
+def _warn_if_no_contention(results: list[ReplayResult]) -> None:
+    """A replay where nothing waits compares nothing: every policy places every job at once."""
+    for r in results:
+        m = r.metrics
+        util, delay = m.get("gpu_util"), m.get("avg_queue_delay_s")
+        if util is not None and util < 0.3 and (delay or 0.0) < 1.0 and not m.get("preemptions"):
+            err.print(
+                f"warning: {r.trace} / {r.policy}: no contention (GPU utilisation {util * 100:.0f}%,"
+                f" average queueing delay {delay or 0:.1f} s, no preemption): jobs never wait, so"
+                " policies cannot differ; use a smaller --cluster (e.g. pooled:64) or more jobs",
+                markup=False, soft_wrap=True,
+            )
+            return
 
 
 def _print_metrics(results: list[ReplayResult]) -> None:
@@ -316,8 +333,15 @@ def bench_kernel_cmd(
     """Discrete-event kernel speed on a null model."""
     from mlwe.sim.kernel import bench_kernel
 
-    result = bench_kernel(events)
+    with err.status(f"bench kernel: {events:,} events", spinner="dots") if not as_json else _nothing():
+        result = bench_kernel(events)
     print(json.dumps(result) if as_json else result)
+
+
+def _nothing() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def _store(data_dir: Path | None, database_url: str | None, *, check: bool = True):  # type: ignore[no-untyped-def]
@@ -442,14 +466,16 @@ def bench_core(
     """Placement and preemption speed of the control plane on a synthetic cluster."""
     from mlwe.sim.bench import bench_core as run
 
-    result = run(
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        pending=pending,
-        running=running,
-        seed=seed,
-        preemptions=preemptions,
-    )
+    with err.status(f"bench core: {nodes:,} nodes, {pending:,} pending", spinner="dots") if not as_json \
+            else _nothing():
+        result = run(
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            pending=pending,
+            running=running,
+            seed=seed,
+            preemptions=preemptions,
+        )
     if as_json:
         print(json.dumps(result))
         return

@@ -247,9 +247,19 @@ def _follow(runner: Any, loop: Any, run_ids: list[str], serve_for: float, timeou
             as_json: bool) -> int:
     """Drive ``run_ids`` to their end (services: ``serve_for`` seconds); the exit code."""
     finished = {"succeeded", "failed", "cancelled"}
-    ok = loop.run_until(
-        lambda: all(runner.status(r) in finished | {"serving"} for r in run_ids), timeout
-    )
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    step_done = {"succeeded", "failed", "skipped", "cancelled", "serving"}
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+                  TimeElapsedColumn(), console=err, disable=as_json, transient=True) as bar:
+        tasks = {r: bar.add_task(f"run {r}", total=len(runner.run(r).steps) or 1) for r in run_ids}
+
+        def done() -> bool:
+            for r, task in tasks.items():
+                bar.update(task, completed=sum(1 for s in runner.run(r).steps if s.status in step_done))
+            return all(runner.status(r) in finished | {"serving"} for r in run_ids)
+
+        ok = loop.run_until(done, timeout)
     serving = [r for r in run_ids if runner.status(r) == "serving"]
     if ok and serving:
         if not as_json:
