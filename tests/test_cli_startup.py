@@ -16,7 +16,11 @@ import sys
 import pytest
 
 HEAVY = ("fastapi", "starlette", "sqlalchemy", "alembic", "uvicorn", "mlwe.runtime",
-         "mlwe.core", "mlwe.store", "mlwe.sim", "matplotlib", "numpy", "pydantic")
+         "mlwe.core", "mlwe.store.db", "mlwe.store.repository", "mlwe.store.audit", "mlwe.sim",
+         "matplotlib", "numpy", "pydantic", "httpx")
+#: what of mlwe the command may load before it runs one: packages (their __init__ is lazy),
+#: the CLI modules, and these
+LIGHT = {"mlwe.output", "mlwe.clientconfig", "mlwe.backends.bench"}
 
 
 def _loaded_after(code: str) -> set[str]:
@@ -27,7 +31,16 @@ def _loaded_after(code: str) -> set[str]:
 
 
 def _heavy(mods: set[str]) -> list[str]:
-    return sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in HEAVY))
+    import importlib.util
+
+    def package(m: str) -> bool:
+        spec = importlib.util.find_spec(m)
+        return spec is not None and spec.submodule_search_locations is not None
+
+    heavy = {m for m in mods if any(m == h or m.startswith(h + ".") for h in HEAVY)}
+    mlwe = {m for m in mods if m.startswith("mlwe.") and not m.endswith(".cli") and m not in LIGHT
+            and not package(m)}
+    return sorted(heavy | mlwe)
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,10 @@ LONG_ID = "a-workload-with-a-rather-long-identifier-0001"
 
 
 def test_status_prints_full_ids_and_every_column_when_piped(live: Live) -> None:
-    _submit(live, f"id: {LONG_ID}\nname: long\nqueue: default\nresources: {{gpu: 64}}\n"
+    _submit(live, "id: fill\nname: fill\nreplicas: 2\nresources: {gpu: 4}\ngpu_models: [A100-80GB]\n"
+                  "estimated_duration: 10h\n")
+    assert wait_for(lambda: live.api.engine.cp.workloads["fill"].state.value == "running")
+    _submit(live, f"id: {LONG_ID}\nname: long\nqueue: default\nresources: {{gpu: 4}}\n"
                   "gpu_models: [A100-80GB]\ndeadline_in: 2h\nestimated_duration: 1h\n")
     assert wait_for(lambda: live.api.engine.cp.workloads[LONG_ID].pending_reason != "")
     r = runner.invoke(app, ["status", "-o", "wide"], env=_env(live, Role.VIEWER))
@@ -47,16 +50,16 @@ def test_status_prints_full_ids_and_every_column_when_piped(live: Live) -> None:
     # the deadline as a duration, the age human
     assert re.search(r"\b1h\d+m\b|\b2h\b|\b1h59m\b", row), row
     # the reason stays on its line, whatever its length
-    assert len(r.output.splitlines()) == 2
+    assert len(r.output.splitlines()) == 3  # header, long, fill
 
     r = runner.invoke(app, ["status", "-o", "name"], env=_env(live, Role.VIEWER))
-    assert r.output.split() == [LONG_ID]
+    assert r.output.split() == [LONG_ID, "fill"]  # newest first
     r = runner.invoke(app, ["status", "-o", "yaml"], env=_env(live, Role.VIEWER))
     assert yaml.safe_load(r.output)[0]["id"] == LONG_ID
     r = runner.invoke(app, ["status", LONG_ID, "-o", "json"], env=_env(live, Role.VIEWER))
     assert json.loads(r.output)["history"][0]["target"] == "pending"
     r = runner.invoke(app, ["status", "-s", "running", "-o", "name"], env=_env(live, Role.VIEWER))
-    assert r.exit_code == 0 and r.stdout.strip() == ""
+    assert r.exit_code == 0 and r.stdout.split() == ["fill"]
 
 
 def test_nodes_shows_one_node_and_explains_a_wrong_call(live: Live) -> None:
