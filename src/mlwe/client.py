@@ -159,6 +159,7 @@ class Transition(TypedDict):
     target: str
     reason: str
     cause_id: str | None
+    at: str | None
 
 
 class WorkloadSummary(TypedDict):
@@ -183,6 +184,8 @@ class WorkloadSummary(TypedDict):
     correlation_id: str | None
     lifecycle: list[str]
     preempted_by: str | None
+    submitted_at: str | None
+    deadline_at: str | None
 
 
 class WorkloadDetail(WorkloadSummary):
@@ -197,6 +200,18 @@ class WorkloadDetail(WorkloadSummary):
     remaining_estimate_s: float | None
 
 
+class Quantities(TypedDict):
+    gpu: str
+    cpu: str
+    memory: str
+    vram: str
+
+
+class NodeQuantities(TypedDict):
+    capacity: Quantities
+    free: Quantities
+
+
 class Node(TypedDict):
     name: str
     status: str
@@ -208,6 +223,7 @@ class Node(TypedDict):
     free: Resources
     devices: list[dict[str, Any]]
     workloads: list[str]
+    quantities: NodeQuantities | None
 
 
 class Queue(TypedDict):
@@ -234,6 +250,7 @@ class Decision(TypedDict):
     chosen: str
     reasons: list[str]
     extra: dict[str, Any]
+    at: str | None
 
 
 class Explanation(TypedDict):
@@ -257,6 +274,7 @@ class AuditRecord(TypedDict):
     payload: dict[str, Any]
     hash: str
     prev_hash: str
+    at: str | None
 
 
 class SubmitResult(TypedDict):
@@ -308,7 +326,8 @@ MODELS: dict[str, type] = {
     "WorkloadDetail": WorkloadDetail, "NodeOut": Node, "QueueOut": Queue, "DecisionOut": Decision,
     "Explanation": Explanation, "AuditOut": AuditRecord, "SubmitResult": SubmitResult,
     "ActionResult": ActionResult, "TokenOut": TokenInfo, "TokenCreated": TokenCreated,
-    "AgentStatus": AgentStatus, "ApprovalOut": Approval,
+    "AgentStatus": AgentStatus, "ApprovalOut": Approval, "QuantitiesOut": Quantities,
+    "NodeQuantities": NodeQuantities,
 }
 
 

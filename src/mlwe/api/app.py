@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -78,6 +78,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         responses=errors.COMMON_RESPONSES,
+        dependencies=[Depends(known_query_params)],
     )
     app.state.ctx = ctx
     app.state.tokens = tokens
@@ -165,6 +166,43 @@ def create_app(
         )
     app.add_middleware(SecurityHeaders)
     return app
+
+
+def _query_names(route: Any) -> frozenset[str]:
+    """The query parameters a route declares (its own and its dependencies'), cached on it."""
+    cached: frozenset[str] | None = getattr(route, "_mlwe_query_names", None)
+    if cached is None:
+        names: set[str] = set()
+        stack = [route.dependant]
+        while stack:  # the route's parameters and its dependencies', all the way down
+            d = stack.pop()
+            names |= {p.alias for p in d.query_params}
+            stack += d.dependencies
+        cached = frozenset(names)
+        route._mlwe_query_names = cached
+    return cached
+
+
+async def known_query_params(request: Request) -> None:
+    """400 for a query parameter the route does not take: a typo (``?stat=running``) must not
+    silently answer as if no filter were given."""
+    route = request.scope.get("route")
+    if route is None or not hasattr(route, "dependant") or not request.query_params:
+        return
+    if not getattr(route, "include_in_schema", True):  # the dashboard page: a browser's URL
+        return
+    allowed = _query_names(route)
+    unknown = sorted(k for k in request.query_params if k not in allowed)
+    if unknown:
+        from mlwe.specfile import did_you_mean
+
+        known = ", ".join(sorted(allowed)) or "none"
+        raise errors.ApiError(
+            400,
+            f"unknown query parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
+            [(f"query.{k}", f"not a parameter of {request.method} {route.path}{did_you_mean(k, allowed)};"
+              f" it takes: {known}") for k in unknown],
+        )
 
 
 def iter_api_routes(app: FastAPI) -> list[tuple[str, frozenset[str], APIRoute]]:

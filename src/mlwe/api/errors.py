@@ -62,7 +62,7 @@ def install(app: FastAPI) -> None:
 
 #: Documented on every route (FastAPI merges them into each operation).
 COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "malformed request (a body that cannot be parsed)"},
+    400: {"model": ErrorBody, "description": "malformed request (a body that cannot be parsed, an unknown query parameter)"},
     401: {"model": ErrorBody, "description": "missing, invalid or revoked bearer token"},
     403: {"model": ErrorBody, "description": "the token's role is below what the route needs"},
     413: {"model": ErrorBody, "description": "request body over the size limit"},

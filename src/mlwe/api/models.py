@@ -3,8 +3,11 @@
 They are the OpenAPI schema: FastAPI validates every response against them,
 and the Schemathesis test checks that what goes over the wire matches.
 Times are engine-clock seconds (epoch seconds unless the engine runs a sped-up
-or simulated clock); resources use the engine's integer units (milli-GPU,
-MiB of VRAM, milli-CPU, MiB of RAM).
+or simulated clock), each with an RFC 3339 twin (``submitted_at``, ``at``);
+resources use the engine's integer units (milli-GPU, MiB of VRAM, milli-CPU,
+MiB of RAM), and nodes also give them as in specs (``quantities``: "4",
+"500m", "256Gi"). Every list answers with a cursor for the next page
+(``next_offset`` or ``next_after_seq``), and an unknown query parameter is a 400.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class TransitionOut(_Out):
     target: str
     reason: str
     cause_id: str | None
+    at: str | None = Field(default=None, description="time as RFC 3339 UTC")
 
 
 class ReplicaOut(_Out):
@@ -80,6 +84,8 @@ class WorkloadSummary(_Out):
     correlation_id: str | None
     lifecycle: list[str] = Field(description="the states it went through, oldest first (last 12)")
     preempted_by: str | None
+    submitted_at: str | None = Field(default=None, description="submit_time as RFC 3339 UTC")
+    deadline_at: str | None = Field(default=None, description="deadline as RFC 3339 UTC")
 
 
 class WorkloadDetail(WorkloadSummary):
@@ -130,6 +136,18 @@ class GpuDeviceOut(_Out):
     )
 
 
+class QuantitiesOut(_Out):
+    gpu: str = Field(description="GPUs, as in specs: '4', '500m'")
+    cpu: str = Field(description="CPU cores, as in specs: '32', '500m'")
+    memory: str = Field(description="RAM, as in specs: '256Gi'")
+    vram: str = Field(description="VRAM in total, as in specs: '320Gi'")
+
+
+class NodeQuantities(_Out):
+    capacity: QuantitiesOut
+    free: QuantitiesOut
+
+
 class NodeOut(_Out):
     name: str
     status: str
@@ -141,6 +159,7 @@ class NodeOut(_Out):
     free: ResourcesOut
     devices: list[GpuDeviceOut]
     workloads: list[str]
+    quantities: NodeQuantities | None = Field(default=None, description="capacity and free, as in specs")
 
 
 class NodeList(_Out):
@@ -175,10 +194,12 @@ class DecisionOut(_Out):
     chosen: str
     reasons: list[str]
     extra: dict[str, Any] = Field(default_factory=dict)
+    at: str | None = Field(default=None, description="time as RFC 3339 UTC")
 
 
 class DecisionList(_Out):
     items: list[DecisionOut]
+    next_after_seq: int | None = Field(default=None, description="pass as after_seq for the decisions after these")
 
 
 class Explanation(_Out):
@@ -208,10 +229,14 @@ class AuditOut(_Out):
     payload: dict[str, Any]
     hash: str
     prev_hash: str
+    at: str | None = Field(default=None, description="time as RFC 3339 UTC")
 
 
 class AuditList(_Out):
     items: list[AuditOut]
+    next_after_seq: int | None = Field(
+        default=None, description="pass as after_seq for the records after these (also to follow new ones)"
+    )
 
 
 class AuditVerifyOut(_Out):

@@ -25,6 +25,33 @@ def resources(r: Resources) -> dict[str, int]:
     return {"gpu": r.gpu, "vram": r.vram, "cpu": r.cpu, "ram": r.ram}
 
 
+def rfc3339(t: float | None) -> str | None:
+    """An engine-clock time (epoch seconds) as RFC 3339 UTC, milliseconds kept."""
+    import datetime as _dt
+    import math as _math
+
+    if t is None or not _math.isfinite(t) or not -62135596800 < t < 253402300800:
+        return None
+    return _dt.datetime.fromtimestamp(t, _dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _milli(v: int) -> str:
+    return f"{v // 1000}" if v % 1000 == 0 else f"{v}m"
+
+
+def _mib(v: int) -> str:
+    for unit, size in (("Ti", 1 << 20), ("Gi", 1 << 10)):
+        if v % size == 0 and v >= size:
+            return f"{v // size}{unit}"
+    return f"{v}Mi"
+
+
+def quantities(r: Resources) -> dict[str, str]:
+    """Resources written as in specs: gpu and cpu as counts ("4", "500m"), memory and VRAM
+    as binary sizes ("256Gi")."""
+    return {"gpu": _milli(r.gpu), "cpu": _milli(r.cpu), "memory": _mib(r.ram), "vram": _mib(r.vram)}
+
+
 def transition(tr: Transition) -> dict[str, Any]:
     return {
         "time": tr.time,
@@ -32,6 +59,7 @@ def transition(tr: Transition) -> dict[str, Any]:
         "target": tr.target.value,
         "reason": tr.reason,
         "cause_id": tr.cause_id,
+        "at": rfc3339(tr.time),
     }
 
 
@@ -105,6 +133,8 @@ def workload_summary(
         "correlation_id": correlation_of(w),
         "lifecycle": [t.target.value for t in w.history[-12:]],
         "preempted_by": w.preempted_by,
+        "submitted_at": rfc3339(w.submit_time),
+        "deadline_at": rfc3339(w.deadline),
     }
 
 
@@ -163,6 +193,7 @@ def node_view(cp: ControlPlane, name: str) -> dict[str, Any]:
         "labels": dict(info.labels),
         "capacity": resources(info.capacity),
         "free": resources(cp.capacity.free(name)),
+        "quantities": {"capacity": quantities(info.capacity), "free": quantities(cp.capacity.free(name))},
         "devices": [
             {"index": i, "free_milli": free_dev[i], "holders": holders[i]}
             for i in range(info.gpu_count)
@@ -217,6 +248,7 @@ def queue_views(cp: ControlPlane) -> list[dict[str, Any]]:
 def decision(rec: DecisionRecord) -> dict[str, Any]:
     d = rec.to_dict()
     d.setdefault("extra", {})
+    d["at"] = rfc3339(rec.time)
     out: dict[str, Any] = sanitize(d)
     return out
 

@@ -70,6 +70,18 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (a test runner or a
+    daemoniser may swap it), as :data:`logging.lastResort` does."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+
 def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | None = None) -> logging.Handler:
     """One handler on the root logger (replacing any earlier one of ours); uvicorn's loggers
     propagate to it, so its lines have the same form."""
@@ -77,7 +89,7 @@ def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | N
         raise LogConfigError(f"log format {fmt!r}: use {' or '.join(FORMATS)}")
     if level.lower() not in LEVELS:
         raise LogConfigError(f"log level {level!r}: use one of {', '.join(LEVELS)}")
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler: logging.Handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler._mlwe = True  # type: ignore[attr-defined]
     root = logging.getLogger()

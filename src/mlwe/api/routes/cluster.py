@@ -174,21 +174,23 @@ def decisions(
     workload: Annotated[str | None, Query(max_length=128)] = None,
     cause_id: Annotated[str | None, Query(max_length=256)] = None,
     kind: Annotated[str | None, Query(max_length=32, description="place, preempt, unschedulable, reject, ...")] = None,
+    after_seq: Annotated[int | None, Query(ge=0, le=2**62, description="decisions after this one (a cursor)")] = None,
     limit: Annotated[int, Query(ge=1, le=2000)] = 200,
 ) -> dict[str, Any]:
     eng = ctx.engine
     if workload is None and cause_id is None:
         with eng.lock:
             recs = list(eng.recent_decisions)
-        if kind is not None:
-            recs = [r for r in recs if r.kind == kind]
-        recs = recs[-limit:]
     else:
         recs = eng.repo.decisions_for(workload, cause_id)
-        if kind is not None:
-            recs = [r for r in recs if r.kind == kind]
+    if kind is not None:
+        recs = [r for r in recs if r.kind == kind]
+    if after_seq is not None:  # the oldest ``limit`` after the cursor
+        recs = [r for r in recs if r.seq > after_seq][:limit]
+    else:  # the latest ``limit``
         recs = recs[-limit:]
-    return {"items": [views.decision(r) for r in recs]}
+    nxt = recs[-1].seq if recs else after_seq
+    return {"items": [views.decision(r) for r in recs], "next_after_seq": nxt}
 
 
 @router.get("/telemetry", response_model=StreamEventList, summary="Stored telemetry samples")

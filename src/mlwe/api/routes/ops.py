@@ -31,6 +31,7 @@ from mlwe.api.models import (
 )
 from mlwe.api.scenarios import SCENARIOS, ScenarioError, audit_note, run_scenario
 from mlwe.api.sse import finite
+from mlwe.api.views import rfc3339
 from mlwe.store.sanitize import sanitize, sanitize_text
 
 router = APIRouter(prefix=API_PREFIX)
@@ -198,6 +199,7 @@ def _audit_dict(e: Any) -> dict[str, Any]:
         "payload": finite(e.data()),
         "hash": e.hash,
         "prev_hash": e.prev_hash,
+        "at": rfc3339(e.time),
     }
 
 
@@ -224,7 +226,8 @@ def audit(
         entries = out
     else:
         entries = log.show(workload=workload, correlation_id=correlation_id, kind=kind, limit=limit)
-    return {"items": [_audit_dict(e) for e in entries]}
+    nxt = entries[-1].seq if entries else after_seq
+    return {"items": [_audit_dict(e) for e in entries], "next_after_seq": nxt}
 
 
 @router.get(
