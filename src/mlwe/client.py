@@ -186,6 +186,8 @@ class WorkloadSummary(TypedDict):
     preempted_by: str | None
     submitted_at: str | None
     deadline_at: str | None
+    condition: str | None  # for a queued workload: "waiting" or "inadmissible" (can never run here)
+    inadmissible_reasons: list[str]
 
 
 class WorkloadDetail(WorkloadSummary):
@@ -262,6 +264,8 @@ class Explanation(TypedDict):
     victims: list[str]
     history: list[Transition]
     decisions: list[Decision]
+    condition: str | None
+    inadmissible_reasons: list[str]
 
 
 class AuditRecord(TypedDict):

@@ -276,8 +276,14 @@ def _workload_columns(now: float | None) -> list[Column]:
         Column("DEADLINE", _deadline),
         Column("AGE", lambda w: age(w.get("submit_time"), now)),
         Column("CORRELATION", lambda w: w.get("correlation_id"), wide=True),
-        Column("WHY-WAITING", lambda w: w.get("pending_reason")),
+        Column("WHY-WAITING", _why_waiting),
     ]
+
+
+def _why_waiting(w: Mapping[str, Any]) -> str:
+    if w.get("condition") == "inadmissible":
+        return "inadmissible: " + "; ".join(w.get("inadmissible_reasons") or [w.get("pending_reason") or ""])
+    return str(w.get("pending_reason") or "")
 
 
 def _watch_rows(
