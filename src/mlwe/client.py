@@ -183,6 +183,7 @@ class WorkloadSummary(TypedDict):
     owner: str | None
     correlation_id: str | None
     lifecycle: list[str]
+    lifecycle_causes: list[str | None]
     preempted_by: str | None
     submitted_at: str | None
     deadline_at: str | None

@@ -70,6 +70,9 @@ def create_app(
         bus=bus,
     )
     relay = DecisionRelay(engine) if relay_decisions else None
+    from mlwe.api.history import ClusterHistory
+
+    history = ClusterHistory(engine, settings.history_every_s) if relay_decisions else None
 
     app = FastAPI(
         title="mlwe",
@@ -83,6 +86,7 @@ def create_app(
     app.state.ctx = ctx
     app.state.tokens = tokens
     app.state.relay = relay
+    app.state.history = history
     errors.install(app)
 
     app.include_router(workloads.router)

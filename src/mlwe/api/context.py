@@ -32,6 +32,7 @@ class ApiSettings:
     token_cache_s: float = 5.0
     bus_prefix: str = "mlwe"  # subject prefix of the engine's NATS stream (dead-letter replay)
     public_metrics: bool = False  # /metrics without a token (a scraper that has none)
+    history_every_s: float = 10.0  # how often the cluster is sampled for the dashboard's plots
 
 
 class InFlightKeys:

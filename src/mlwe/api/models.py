@@ -83,6 +83,11 @@ class WorkloadSummary(_Out):
     owner: str | None
     correlation_id: str | None
     lifecycle: list[str] = Field(description="the states it went through, oldest first (last 12)")
+    lifecycle_causes: list[str | None] = Field(
+        default_factory=list,
+        description="per lifecycle entry: for a failure, its cause (node-lost and vanished are not the"
+        " workload's fault); else null",
+    )
     preempted_by: str | None
     submitted_at: str | None = Field(default=None, description="submit_time as RFC 3339 UTC")
     deadline_at: str | None = Field(default=None, description="deadline as RFC 3339 UTC")
@@ -322,6 +327,21 @@ class ClusterOut(_Out):
         description="workloads that hold resources, wait in a queue, or have a deadline"
     )
     totals: dict[str, float]
+
+
+class HistoryPoint(_Out):
+    time: float
+    at: str | None = Field(description="time as RFC 3339 UTC")
+    resolution_s: int
+    metrics: dict[str, float] = Field(
+        description="gpus, gpus_used, gpu_util, pending, running, pending:<queue>; and since the previous"
+        " point: preemptions, lost_gpu_h, deadlines_met, deadlines_missed"
+    )
+
+
+class HistoryOut(_Out):
+    items: list[HistoryPoint]
+    next_since: float | None = Field(description="pass as since for the points after these")
 
 
 class TokenOut(_Out):

@@ -1,7 +1,9 @@
 """Scenario triggers: the four stories an operator (or a demo) can start from the dashboard.
 
 - ``urgent-fine-tune``: an urgent, deadline-bound fine-tune asks for a whole
-  GPU node; on a busy cluster the scheduler preempts lower-priority work.
+  GPU node. So that the story always happens, the idle GPUs of that model are
+  first filled with low-priority background work; the scheduler then has to
+  preempt (checkpoint and requeue) lower-priority work to place it.
 - ``node-fails``: a GPU node that runs work is lost; its workloads are
   requeued and placed elsewhere. On the simulated backend the failure comes
   from the backend itself (a real node-lost event, back after a while); on
@@ -98,6 +100,10 @@ def urgent_fine_tune(engine: Engine, actor: str, target: str | None, cid: str) -
         model, gpus = best.gpu_model, best.gpu_count
         cpu = min(best.capacity.cpu // 2, 32_000)
         ram = min(best.capacity.ram // 2, 256 * 1024)
+        # the story needs a full cluster: what is free of that model now, background work takes
+        free = sorted((cp.capacity.free(n.name).gpu // 1000 for n in nodes if n.gpu_model == model),
+                      reverse=True)
+    fillers = _fill(engine, actor, cid, model, [f for f in free if f > 0])
     name = f"urgent-ft-{_suffix()}"
     spec = WorkloadSpec.model_validate(
         {
@@ -116,10 +122,49 @@ def urgent_fine_tune(engine: Engine, actor: str, target: str | None, cid: str) -
     result = engine.submit([spec], actor=actor, correlation_id=cid)
     if not result.accepted:
         raise ScenarioError("submission refused: " + "; ".join(result.reasons()))
+    filled = f"; first filled {len(fillers)} idle slot(s) of {model} with low-priority work" if fillers else ""
     return {
-        "message": f"submitted {name}: {gpus} x {model}, priority urgent, deadline in 45m",
-        "workloads": list(result.created),
+        "message": f"submitted {name}: {gpus} x {model}, priority urgent, deadline in 45m{filled}",
+        "workloads": list(result.created) + fillers,
     }
+
+
+def _fill(engine: Engine, actor: str, cid: str, model: str | None, sizes: list[int],
+          wait_s: float = 10.0) -> list[str]:
+    """Submit low-priority background work of ``sizes`` GPUs of ``model`` and wait (a bounded
+    real time) until it is placed, so what follows arrives into a full cluster."""
+    import time
+
+    if not sizes:
+        return []
+    specs = [
+        WorkloadSpec.model_validate(
+            {
+                "id": f"background-{_suffix()}",
+                "name": f"background embedding ({n} x {model})",
+                "kind": "batch-embedding",
+                "priority": "low",
+                "resources": {"gpu": n, "cpu": 2 * n, "memory": f"{8 * n}Gi"},
+                "gpu_models": [model],
+                "estimated_duration": "2h",
+                "checkpoint_interval": "5m",
+                "labels": {"scenario": "urgent-fine-tune", "role": "background"},
+            }
+        )
+        for n in sizes
+    ]
+    res = engine.submit(specs, actor=actor, correlation_id=cid)
+    if not res.accepted:
+        return []
+    created = list(res.created)
+    engine.wake()
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with engine.lock:
+            if all(engine.cp.workloads[w].state not in (State.PENDING,) for w in created):
+                break
+        time.sleep(0.05)
+    return created
 
 
 # ------------------------------------------------------------------- node fails

@@ -149,6 +149,9 @@ class Service:
         relay = getattr(self.app.state, "relay", None)
         if relay is not None:
             relay.close()
+        history = getattr(self.app.state, "history", None)
+        if history is not None:
+            history.close()
         self.app.state.ctx.submitter.close()
         close_agent = getattr(self.agent, "close", None)
         if callable(close_agent):

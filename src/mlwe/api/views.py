@@ -63,6 +63,21 @@ def transition(tr: Transition) -> dict[str, Any]:
     }
 
 
+#: failure causes that are not the workload's doing: its node was lost, or the engine
+#: restarted and found the process gone (the dashboard draws these apart from failures)
+LOST_CAUSES = frozenset({"node-lost", "vanished"})
+
+
+def failure_cause(tr: Transition) -> str | None:
+    """For a transition to failed, the cause the backend gave ("oom", "node-lost", ...)."""
+    if tr.target is not State.FAILED:
+        return None
+    reason = tr.reason
+    if reason.endswith(")") and "(" in reason:
+        return reason[reason.rindex("(") + 1 : -1]
+    return "error"
+
+
 def correlation_of(w: Workload) -> str | None:
     return w.history[0].cause_id if w.history else None
 
@@ -132,6 +147,7 @@ def workload_summary(
         "owner": spec.labels.get(OWNER_LABEL),
         "correlation_id": correlation_of(w),
         "lifecycle": [t.target.value for t in w.history[-12:]],
+        "lifecycle_causes": [failure_cause(t) for t in w.history[-12:]],
         "preempted_by": w.preempted_by,
         "submitted_at": rfc3339(w.submit_time),
         "deadline_at": rfc3339(w.deadline),

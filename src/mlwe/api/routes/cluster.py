@@ -18,6 +18,7 @@ from mlwe.api.models import (
     ClusterOut,
     DecisionList,
     ErrorBody,
+    HistoryOut,
     NodeAction,
     NodeList,
     NodeOut,
@@ -191,6 +192,21 @@ def decisions(
         recs = recs[-limit:]
     nxt = recs[-1].seq if recs else after_seq
     return {"items": [views.decision(r) for r in recs], "next_after_seq": nxt}
+
+
+@router.get("/history", response_model=HistoryOut, summary="The cluster over time (stored samples, oldest first)")
+def history(
+    ctx: Ctx,
+    principal: Annotated[Principal, requires(Role.VIEWER)],
+    since: Annotated[float | None, Query(ge=0, le=1e12, description="points after this engine time")] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 720,
+) -> dict[str, Any]:
+    from mlwe.api.history import series
+    from mlwe.api.sse import finite
+
+    pts = series(ctx.engine, None if since is None else since + 1e-6, limit)
+    items = [{**p, "at": views.rfc3339(p["time"]), "metrics": finite(p["metrics"])} for p in pts]
+    return {"items": items, "next_since": items[-1]["time"] if items else since}
 
 
 @router.get("/telemetry", response_model=StreamEventList, summary="Stored telemetry samples")

@@ -3,6 +3,7 @@ letters, replay), scenario triggers, API tokens, and who-am-I."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
@@ -115,6 +116,11 @@ def set_agent_mode(
     audit_note(
         ctx.engine, "config", principal.actor, {"action": "agent-mode", "from": old, "to": body.mode}
     )
+    if body.mode != "approve":  # nobody will approve them now: withdraw, audited, not left stale
+        for p in _pending(agent):
+            with contextlib.suppress(KeyError):  # decided meanwhile
+                agent.reject(str(p.get("id")), f"withdrawn: the agent left approve mode ({body.mode})",
+                             actor=principal.actor)
     return agent_status(ctx, principal)
 
 
