@@ -11,6 +11,21 @@
   const MAX_ROWS = 250;
   const MAX_TRACES = 120;
   const MAX_POINTS = 240;
+  // the lifecycle's states (mlwe.core.lifecycle.State); anything else on the state topic
+  // (a workflow step such as "watch") is an event, not a state
+  const LIFECYCLE = new Set(["pending", "admitted", "starting", "running", "preempting", "preempted",
+    "stopping", "succeeded", "failed", "cancelled"]);
+  // failures that are not the workload's doing: its node was lost, or the engine restarted
+  // and found the process gone; the workload is requeued, so they are drawn as "lost"
+  const LOST = new Set(["node-lost", "vanished"]);
+  function causeOf(reason) {
+    const m = typeof reason === "string" ? reason.match(/\(([^()]+)\)\s*$/) : null;
+    return m ? m[1] : null;
+  }
+  function chipOf(state, cause) {
+    if (state === "failed" && LOST.has(cause)) return { cls: "s-lost", text: cause === "vanished" ? "restart" : "lost" };
+    return { cls: `s-${state}`, text: state };
+  }
 
   // ------------------------------------------------------------------ state
   const S = {
@@ -25,7 +40,10 @@
     loss: new Map(), // workload -> {points: [[t, loss]], markers: [[t, label]]}
     wlTele: new Map(), // workload -> latest metrics
     filter: "",
-    dirty: new Set(["map", "deadlines", "telemetry", "workloads", "reasoning", "audit", "kpis"]),
+    reveal: new Set(), // panels whose first match is still to be scrolled into view
+    history: [], // stored cluster samples (GET /history), oldest first
+    histSince: null,
+    dirty: new Set(["map", "deadlines", "telemetry", "workloads", "reasoning", "audit", "kpis", "history"]),
     audit: [],
     traces: [],
     approvals: [],
@@ -122,12 +140,35 @@
     const story = S.related.get(f);
     return story ? ids.some((i) => story.has(i)) : false;
   }
+  // the scrolling lists, each brought to its first match when the filter changes
+  const REVEAL = ["workloads", "audit", "reasoning", "deadlines", "loss-charts", "node-telemetry",
+    "telemetry-events", "cluster-map"];
+  function scrollWithin(box, node) {
+    const b = box.getBoundingClientRect(), r = node.getBoundingClientRect();
+    if (r.top < b.top || r.bottom > b.bottom) box.scrollTop += r.top - b.top - 4;
+    if (r.left < b.left || r.right > b.right) box.scrollLeft += r.left - b.left - 4;
+  }
   function applyFilter(root) {
     const scope = root || document;
     document.body.classList.toggle("filtering", !!S.filter);
     for (const n of scope.querySelectorAll("[data-workload]")) n.classList.toggle("match", matches(n));
+    for (const id of [...S.reveal]) {
+      const box = $(id);
+      const first = box && box.querySelector(".match");
+      if (first) { scrollWithin(box, first); S.reveal.delete(id); }
+    }
   }
-  $("filter").addEventListener("input", (e) => { S.filter = e.target.value.trim(); applyFilter(); });
+  function setFilter(v) {
+    S.filter = (v || "").trim();
+    $("filter").value = S.filter;
+    const url = new URL(location.href);
+    if (S.filter) url.searchParams.set("filter", S.filter); else url.searchParams.delete("filter");
+    history.replaceState(null, "", url.pathname + url.search); // kept in the URL, shareable
+    S.reveal = new Set(S.filter ? REVEAL : []);
+    mark("workloads", "telemetry", "audit", "reasoning", "map");
+    applyFilter();
+  }
+  $("filter").addEventListener("input", (e) => setFilter(e.target.value));
   document.addEventListener("click", async (e) => {
     const act = e.target.closest("button[data-action]");
     if (act) {
@@ -149,15 +190,20 @@
       return;
     }
     const t = e.target.closest("[data-pick]");
-    if (t) { S.filter = t.dataset.pick; $("filter").value = S.filter; applyFilter(); }
+    if (t) setFilter(t.dataset.pick);
   });
 
   // ------------------------------------------------------------ workloads
   function upsertWorkload(w) {
     const cur = S.workloads.get(w.id) || { history: [] };
     const merged = Object.assign(cur, w);
-    if (w.history) merged.history = w.history.map((h) => h.target);
-    else if (w.lifecycle) merged.history = w.lifecycle.slice(); // the server's record is the truth
+    if (w.history) {
+      merged.history = w.history.map((h) => h.target);
+      merged.causes = w.history.map((h) => (h.target === "failed" ? causeOf(h.reason) : null));
+    } else if (w.lifecycle) { // the server's record is the truth
+      merged.history = w.lifecycle.slice();
+      merged.causes = (w.lifecycle_causes || []).slice();
+    }
     S.workloads.set(w.id, merged);
     if (merged.correlation_id) relate(merged.correlation_id, w.id);
     return merged;
@@ -169,6 +215,16 @@
     const wid = d.workload || ev.workload;
     if (!wid) return;
     if (d.type === "command") return; // backend commands: the transitions tell the story
+    const to = d.to || d.target || d.state;
+    if (!LIFECYCLE.has(to)) { // a workflow step or other event: told, not drawn as a state
+      relate(ev.correlation_id, wid);
+      if (to) {
+        S.teleEvents.unshift({ time: ev.time, workload: wid, kind: "step", text: `${wid} ${to}`, correlation: ev.correlation_id });
+        S.teleEvents.length = Math.min(S.teleEvents.length, 80);
+        mark("telemetry");
+      }
+      return;
+    }
     const w = S.workloads.get(wid) || { id: wid, name: d.name || wid, priority: d.priority ?? 0, history: [] };
     if (d.name) w.name = d.name;
     if (d.priority !== undefined) w.priority = d.priority;
@@ -182,7 +238,11 @@
       w.preempted_by = d.preempted_by;
     }
     if (!replay || fresh) {
-      if (w.history[w.history.length - 1] !== w.state) w.history.push(w.state);
+      if (!w.causes) w.causes = w.history.map(() => null);
+      if (w.history[w.history.length - 1] !== w.state) {
+        w.history.push(w.state);
+        w.causes.push(w.state === "failed" ? causeOf(d.reason) : null);
+      }
       w.changed = performance.now();
       w.flash = true;
     }
@@ -195,7 +255,8 @@
     // telemetry-visible moments: a run starts, is asked to stop, or ends
     if (["running", "preempting", "preempted", "failed", "succeeded", "stopping"].includes(st)) {
       const by = d.preempted_by ? ` by ${d.preempted_by}` : "";
-      const label = `${st}${by}`;
+      const lost = st === "failed" && LOST.has(causeOf(d.reason));
+      const label = lost ? `${chipOf(st, causeOf(d.reason)).text} (requeued)` : `${st}${by}`;
       const L = S.loss.get(wid);
       if (L) L.markers.push([ev.time, st]);
       S.teleEvents.unshift({ time: ev.time, workload: wid, kind: st, text: `${wid} ${label}`, also: d.preempted_by, correlation: ev.correlation_id });
@@ -206,8 +267,10 @@
 
   function renderWorkloads() {
     const list = $("workloads");
+    const isMatch = (w) => S.filter && matches({ dataset: { workload: [w.id, w.preempted_by].filter(Boolean).join(" "), correlation: w.correlation_id || "" } });
     const items = [...S.workloads.values()]
-      .sort((a, b) => (b.changed || 0) - (a.changed || 0) || (b.priority || 0) - (a.priority || 0))
+      .sort((a, b) => (S.filter ? isMatch(b) - isMatch(a) : 0) ||
+        (b.changed || 0) - (a.changed || 0) || (b.priority || 0) - (a.priority || 0))
       .slice(0, MAX_ROWS);
     const frag = document.createDocumentFragment();
     for (const w of items) {
@@ -221,16 +284,22 @@
       li.append(id);
       li.append(el("span", `prio ${prioClass(w.priority || 0)}`, w.priority ?? ""));
       const chain = el("span", "chain-states");
-      const hist = (w.history || []).slice(-9);
+      const all = w.history || [];
+      const hist = all.slice(-6);
+      const off = all.length - hist.length;
       hist.forEach((s, i) => {
         if (i) chain.append(el("span", "st arrow", "›"));
-        chain.append(el("span", `st s-${s}`, s));
+        const c = chipOf(s, (w.causes || [])[off + i]);
+        const chip = el("span", `st ${c.cls}`, c.text);
+        if (c.cls === "s-lost") chip.title = "not the workload's failure: node lost or engine restarted; requeued";
+        chain.append(chip);
       });
       li.append(chain);
       // Kueue's distinction: a queued workload that could never run here is not "waiting"
       const inadmissible = w.condition === "inadmissible" && ["pending", "preempted"].includes(w.state);
-      const badge = el("span", `st state-badge s-${inadmissible ? "inadmissible" : w.state}`,
-        inadmissible ? "inadmissible" : w.state || "");
+      const now = chipOf(w.state, (w.causes || [])[(w.causes || []).length - 1]);
+      const badge = el("span", `st state-badge ${inadmissible ? "s-inadmissible" : now.cls}`,
+        inadmissible ? "inadmissible" : now.text || "");
       if (inadmissible) badge.title = (w.inadmissible_reasons || []).join("; ");
       li.append(badge);
       if (w.flash) { li.classList.add("flash"); w.flash = false; }
@@ -323,12 +392,14 @@
     grid.replaceChildren(frag);
 
     const charts = $("loss-charts");
+    const storyOf = (wid) => S.filter && (wid === S.filter || (S.related.get(S.filter) || new Set()).has(wid));
     const live = [...S.loss.entries()]
       .filter(([wid]) => {
         const w = S.workloads.get(wid);
-        return !w || !["succeeded", "cancelled"].includes(w.state);
+        return storyOf(wid) || !w || !["succeeded", "cancelled"].includes(w.state);
       })
-      .slice(-12);
+      .sort((a, b) => storyOf(b[0]) - storyOf(a[0]))
+      .slice(0, 12);
     const cf = document.createDocumentFragment();
     for (const [wid, L] of live) {
       const w = S.workloads.get(wid);
@@ -383,6 +454,70 @@
     ctx.beginPath();
     pts.forEach((p, i) => (i ? ctx.lineTo(x(p[0]), y(p[1])) : ctx.moveTo(x(p[0]), y(p[1]))));
     ctx.stroke();
+  }
+
+  // ------------------------------------------------------ cluster over time
+  // from the stored samples (GET /history), so the plots survive a reload
+  async function loadClusterHistory() {
+    try {
+      const q = S.histSince === null ? "history?limit=720" : `history?since=${S.histSince}&limit=720`;
+      const r = await api(q);
+      if (r.items.length) {
+        S.history = S.history.concat(r.items).slice(-720);
+        S.histSince = r.next_since;
+        mark("history");
+      }
+    } catch (_) { /* the connection badge says it */ }
+  }
+  const PLOTS = [
+    { id: "plot-util", title: "GPUs allocated", unit: "%", series: (m) => [["allocated", (m.gpu_util || 0) * 100, "#5ab0ff"]] },
+    { id: "plot-queue", title: "waiting, by queue", unit: "", series: (m) => Object.keys(m).filter((k) => k.startsWith("pending:"))
+        .sort().map((k) => [k.slice(8), m[k], `hsl(${hue(k)} 65% 60%)`]) },
+    { id: "plot-preempt", title: "preemptions · GPU-h lost", unit: "", series: (m) => [
+        ["preemptions", m.preemptions || 0, "#f5b942"], ["GPU-h lost", m.lost_gpu_h || 0, "#ff5d6c"]] },
+    { id: "plot-deadlines", title: "deadlines met · missed", unit: "", series: (m) => [
+        ["met", m.deadlines_met || 0, "#3fcf8e"], ["missed", m.deadlines_missed || 0, "#ff5d6c"]] },
+  ];
+  function renderHistory() {
+    const pts = S.history;
+    for (const P of PLOTS) {
+      const box = $(P.id);
+      if (!box) continue;
+      const cv = box.querySelector("canvas");
+      const legend = box.querySelector(".legend");
+      const names = new Map();
+      for (const p of pts) for (const [n, , c] of P.series(p.metrics)) names.set(n, c);
+      const last = pts.length ? P.series(pts[pts.length - 1].metrics) : [];
+      legend.replaceChildren(...[...names.entries()].map(([n, c]) => {
+        const cur = last.find((x) => x[0] === n);
+        const sp = el("span", "", `${n} ${cur ? Number(cur[1]).toFixed(P.unit === "%" ? 0 : 1) + P.unit : ""}`);
+        sp.style.color = c;
+        return sp;
+      }));
+      box.dataset.points = String(pts.length);
+      const W = cv.width = Math.max(200, Math.floor(cv.clientWidth || 280));
+      const H = cv.height = 70;
+      const ctx = cv.getContext("2d");
+      ctx.clearRect(0, 0, W, H);
+      if (pts.length < 2) { ctx.fillStyle = "#5a6578"; ctx.fillText("collecting samples…", 6, 20); continue; }
+      const t0 = pts[0].time, t1 = pts[pts.length - 1].time;
+      let hi = P.unit === "%" ? 100 : 1;
+      for (const p of pts) for (const [, v] of P.series(p.metrics)) hi = Math.max(hi, v);
+      const x = (t) => ((t - t0) / Math.max(1e-9, t1 - t0)) * (W - 6) + 3;
+      const y = (v) => H - 4 - (v / hi) * (H - 10);
+      ctx.strokeStyle = "#232b39"; ctx.lineWidth = 1;
+      for (let i = 1; i < 3; i++) { ctx.beginPath(); ctx.moveTo(0, (H * i) / 3); ctx.lineTo(W, (H * i) / 3); ctx.stroke(); }
+      for (const [n, c] of names) {
+        ctx.strokeStyle = c; ctx.lineWidth = 1.6; ctx.beginPath();
+        let started = false;
+        for (const p of pts) {
+          const v = (P.series(p.metrics).find((s2) => s2[0] === n) || [n, 0])[1];
+          if (!started) { ctx.moveTo(x(p.time), y(v)); started = true; } else ctx.lineTo(x(p.time), y(v));
+        }
+        ctx.stroke();
+      }
+      ctx.fillStyle = "#8591a5"; ctx.fillText(`${hi.toFixed(P.unit === "%" ? 0 : 1)}${P.unit}`, W - 34, 10);
+    }
   }
 
   // ----------------------------------------------------------- cluster map
@@ -642,12 +777,22 @@
     S.audit.length = Math.min(S.audit.length, MAX_ROWS);
     mark("audit");
   }
+  // one readable line per record: what was chosen or done, then its facts as key=value
+  function pairs(p, skip) {
+    return Object.entries(p)
+      .filter(([k, v]) => !skip.includes(k) && v !== null && v !== undefined && v !== "" && typeof v !== "object")
+      .slice(0, 6)
+      .map(([k, v]) => `${k.replace(/_/g, " ")} ${v}`)
+      .join(" · ");
+  }
   function auditWhat(a) {
     const p = a.payload || {};
     if (p.chosen) return `${p.chosen}${p.reasons && p.reasons.length ? " — " + p.reasons[0] : ""}`;
-    if (p.action) return `${p.action}${p.result ? " → " + textOf(p.result) : ""}`;
-    if (p.summary) return p.summary;
-    return JSON.stringify(p).slice(0, 200);
+    const head = p.action || p.event || p.outcome || p.summary || p.type || "";
+    const rest = pairs(p, ["action", "event", "outcome", "summary", "type", "kind", "workload", "seq"]);
+    const list = ["created", "victims", "workloads", "running"].filter((k) => Array.isArray(p[k]) && p[k].length)
+      .map((k) => `${k} ${p[k].slice(0, 4).join(", ")}${p[k].length > 4 ? "…" : ""}`).join(" · ");
+    return [head, rest, list].filter(Boolean).join(" · ") || a.kind;
   }
   function renderAudit() {
     const list = $("audit");
@@ -659,6 +804,7 @@
       li.append(el("span", "seq", a.seq));
       li.append(el("span", "", fmtTime(a.time)));
       li.append(el("span", `akind k-${kind}`, kind));
+      li.append(el("span", "aactor", a.actor || ""));
       const what = el("span", "awhat", `${a.workload ? a.workload + ": " : ""}${auditWhat(a)}`);
       what.title = `${a.actor} · ${auditWhat(a)}`;
       if (a.workload) what.dataset.pick = a.workload;
@@ -813,7 +959,10 @@
         });
         toast(r.message);
         if (r.workloads && r.workloads[0]) for (const w of r.workloads) relate(r.correlation_id, w);
-        refreshSnapshot();
+        await refreshSnapshot();
+        // the story's first workload (the urgent job, the lost node's work, the diverging run)
+        if (r.workloads && r.workloads[0]) setFilter(r.workloads[0]);
+        document.body.dataset.scenario = b.dataset.scenario;
       } catch (e) {
         toast(`${b.dataset.scenario}: ${e.message}`, true);
       } finally {
@@ -826,10 +975,11 @@
     try {
       const a = await api("agent");
       const before = S.approvals.length;
-      S.approvals = a.present && a.pending_approvals ? (await api("agent/approvals")).items : [];
+      const approving = a.present && a.mode === "approve";
+      S.approvals = approving && a.pending_approvals ? (await api("agent/approvals")).items : [];
       if (before || S.approvals.length) mark("reasoning");
       $("agent-status").textContent = a.present
-        ? `agent: ${a.mode} · ${a.reasoner || ""}${a.pending_approvals ? ` · ${a.pending_approvals} awaiting approval` : ""}`
+        ? `agent: ${a.mode} · ${a.reasoner || ""}${approving && a.pending_approvals ? ` · ${a.pending_approvals} awaiting approval` : ""}`
         : "agent: not running";
     } catch (_) { /* ignore */ }
   }
@@ -847,6 +997,7 @@
       if (d.has("workloads")) renderWorkloads();
       if (d.has("reasoning")) renderReasoning();
       if (d.has("audit")) renderAudit();
+      if (d.has("history")) renderHistory();
       renderDeadlines();
       $("clock").textContent = `engine ${fmtTime(nowEngine())}`;
     }
@@ -876,9 +1027,14 @@
     setInterval(refreshSnapshot, 2000);
     setInterval(checkChain, 10000);
     setInterval(agentStatus, 5000);
+    loadClusterHistory();
+    setInterval(loadClusterHistory, 10000);
+    window.addEventListener("resize", () => mark("history"));
     requestAnimationFrame(frame);
   }
 
   loadToken();
+  const fromUrl = new URLSearchParams(location.search).get("filter");
+  if (fromUrl) setFilter(fromUrl);
   start();
 })();
