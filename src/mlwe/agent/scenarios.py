@@ -210,7 +210,10 @@ def run_world(
     mode: Mode = Mode.AUTONOMOUS,
     tick_s: float = 60.0,
     seed: int = 0,
+    after_tick: Callable[[ControlPlane, Agent], None] | None = None,
 ) -> World:
+    """One run of ``sc``; ``after_tick`` is called after every agent round (the soak
+    checks the invariants there)."""
     wall0 = time.perf_counter()
     kernel = Kernel()
     cp = build_control_plane(sc.cluster, kernel.clock)
@@ -233,6 +236,8 @@ def run_world(
             assert agent is not None
             agent.observe(backend.drain_telemetry())
             agent.tick()
+            if after_tick is not None:
+                after_tick(cp, agent)
             if flows.tick():
                 rec.dirty = True  # a workflow step may have placed or retried something
             wake_at = flows.next_wakeup()
@@ -478,17 +483,30 @@ SCENARIOS: Mapping[str, Callable[[], Scenario]] = {
 }
 
 
-def evaluate(
-    names: list[str] | None = None,
-    *,
-    reasoner: str = "rules",
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Run the scenarios with and without the agent; per-scenario pass/fail and KPIs."""
+def check_scenarios(names: list[str] | None) -> list[str]:
     chosen = names or list(SCENARIOS)
     unknown = [n for n in chosen if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    return chosen
+
+
+def evaluate(
+    names: list[str] | None = None,
+    *,
+    reasoner: str | Reasoner = "rules",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Run the scenarios with and without the agent; per-scenario pass/fail and KPIs.
+
+    ``reasoner``: a name (built with its defaults and the environment) or a reasoner
+    (an LLM one configured by the caller: ``mlwe agent eval --reasoner openai
+    --base-url ...``)."""
+    chosen = check_scenarios(names)
+    if isinstance(reasoner, str):
+        from mlwe.agent.reasoners import make_reasoner
+
+        reasoner = make_reasoner(reasoner)
     results: list[dict[str, Any]] = []
     for name in chosen:
         sc = SCENARIOS[name]()
@@ -515,7 +533,8 @@ def evaluate(
         })
     passed = sum(r["passed"] for r in results)
     return {
-        "reasoner": reasoner,
+        "reasoner": reasoner.name,
+        "model": getattr(reasoner, "model", None),
         "seed": seed,
         "passed": passed,
         "total": len(results),
