@@ -414,12 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     what = args[0] if args else "status"
     if what == "setup":
+        t0 = time.monotonic()
         try:
-            layout = setup()
+            layout = setup(log=lambda m: print(m, file=sys.stderr, flush=True))
         except LocalModelMissing as exc:
             print(f"local model: {exc}", file=sys.stderr)
             return 1
-        print(json.dumps(status(layout), indent=2))
+        print(f"local model ready: {layout.model} served from {layout.venv}"
+              f" ({time.monotonic() - t0:.1f} s)")
         return 0
     if what == "status":
         st = status()

@@ -39,6 +39,7 @@ from mlwe.agent.reasoners.llm_common import (
     LLMNotConfigured,
     Verdict,
     check_on_failure,
+    declared_parameters,
     fall_back,
     make_choice,
     run_tool_call,
@@ -201,7 +202,7 @@ class AdkReasoner:
                 return types.FunctionDeclaration(
                     name=self.name,
                     description=self.description,
-                    parameters_json_schema=dict(self.spec["parameters"]),
+                    parameters_json_schema=declared_parameters(self.spec),
                 )
 
             async def run_async(self, *, args: dict[str, Any], tool_context: ToolContext) -> Any:

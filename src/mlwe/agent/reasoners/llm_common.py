@@ -67,6 +67,28 @@ class LLMNotConfigured(RuntimeError):
     """An LLM reasoner was selected but what it needs is missing (key, endpoint, package)."""
 
 
+#: bounds the guardrail enforces but the declared schemas leave out: a server that
+#: constrains its output to the schema with a grammar (llama.cpp's) unrolls each bound
+#: into repeated rules, and a 4,000-character string or 64-item array makes it give up
+#: on the grammar and crash (measured with llama-cpp-python 0.3.36)
+UNDECLARED_BOUNDS = frozenset({"maxLength", "maxItems"})
+
+
+def declared_parameters(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool's parameters schema as declared to a model: the checked one, less the
+    :data:`UNDECLARED_BOUNDS` (still enforced by :class:`Guardrail` on every call)."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            return {k: strip(v) for k, v in node.items() if k not in UNDECLARED_BOUNDS}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    out: dict[str, Any] = strip(spec["parameters"])
+    return out
+
+
 # ================================================================ guardrail
 @dataclass(frozen=True, slots=True)
 class Verdict:

@@ -34,6 +34,7 @@ from mlwe.agent.reasoners.llm_common import (
     Guardrail,
     LLMNotConfigured,
     check_on_failure,
+    declared_parameters,
     fall_back,
     make_choice,
     run_tool_call,
@@ -136,7 +137,7 @@ class OpenAIReasoner:
                 "function": {
                     "name": spec["name"],
                     "description": spec["description"],
-                    "parameters": spec["parameters"],
+                    "parameters": declared_parameters(spec),
                 },
             }
             for spec in TOOL_SPECS
