@@ -81,7 +81,7 @@ def _reasoner(name: str, base_url: str | None, model: str | None, on_failure: st
                 raise ValueError("--local-model starts its own server: leave out --base-url")
             server = stack.enter_context(LocalModelServer())
             err.print(f"local model {server.model} served at {server.base_url}"
-                      f" (started in {server.started_in_s} s)")
+                      f" (started in {server.started_in_s} s)", soft_wrap=True)
             base_url, model = server.base_url, model or server.model
         opts: dict[str, Any] = {}
         if on_failure is not None:
@@ -123,6 +123,9 @@ def eval_cmd(
     timeout: Timeout = None,
     max_rounds: MaxRounds = None,
     local_model: LocalModel = False,
+    max_deliberations: Annotated[int | None, typer.Option(
+        "--max-deliberations", help="per scenario, ask the reasoner at most this often"
+        " (a slow model's bounded run)")] = None,
 ) -> None:
     """Run the agent's scenario evaluations on the simulator and print a score."""
     from mlwe.agent.localmodel import LocalModelMissing
@@ -132,7 +135,8 @@ def eval_cmd(
     try:
         with _reasoner(reasoner, base_url, model, on_failure, timeout, max_rounds,
                        local_model) as r:
-            result = evaluate(scenario or None, reasoner=r, seed=seed)
+            result = evaluate(scenario or None, reasoner=r, seed=seed,
+                              max_deliberations=max_deliberations)
     except (ValueError, LLMNotConfigured, LocalModelMissing) as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
@@ -191,7 +195,7 @@ def soak_cmd(
                        local_model) as r:
             result = soak(make_reasoner(r) if isinstance(r, str) else r, n,
                           scenarios=scenario or None, seed=seed,
-                          progress=lambda line: err.print(line, markup=False))
+                          progress=lambda line: err.print(line, markup=False, soft_wrap=True))
     except (ValueError, LLMNotConfigured, LocalModelMissing) as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
@@ -220,7 +224,7 @@ def soak_cmd(
             f" {result['kpi_effect']['delta_vs_doing_nothing']}",
         ]
         for line in lines:
-            out.print(line, markup=False)
+            out.print(line, markup=False, soft_wrap=True)
     if result["invalid_accepted"] or result["invariant_violations"]:
         raise typer.Exit(1)
 

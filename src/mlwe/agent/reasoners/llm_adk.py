@@ -87,6 +87,8 @@ def make_model(
     if not adk_available():
         raise LLMNotConfigured(NEEDS_ADK)
     if _is_litellm(model):
+        # offline-safe: LiteLLM otherwise fetches its model price list from the internet
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         try:
             from google.adk.models.lite_llm import LiteLlm
         except ImportError:
