@@ -271,7 +271,7 @@ def test_the_soak_and_the_eval_against_the_real_model(
     runner = CliRunner()
     res = runner.invoke(app, ["agent", "soak", "-n", "2", "-s", "oom-crash-loop", "--json",
                               "--reasoner", "openai", "--base-url", local_llm.base_url,
-                              "--max-rounds", "2", "--timeout", "600"])
+                              "--max-rounds", "1", "--timeout", "600"])
     assert res.exit_code == 0, res.output
     soak = json.loads(res.stdout)
     assert soak["model"] == local_llm.model and soak["deliberations"] == 2
@@ -282,13 +282,13 @@ def test_the_soak_and_the_eval_against_the_real_model(
     res = runner.invoke(app, ["agent", "eval", "-s", "oom-crash-loop", "--json",
                               "--reasoner", "openai", "--base-url", local_llm.base_url,
                               "--max-rounds", "2", "--timeout", "600",
-                              "--max-deliberations", "2"])
+                              "--max-deliberations", "1"])
     assert res.exit_code in (0, 1), res.output  # 1: the scenario failed (a base model)
     ev = json.loads(res.stdout)
     assert ev["reasoner"] == "openai" and ev["model"] == local_llm.model
     (sc,) = ev["scenarios"]
-    assert sc["agent"]["deliberations"] == 2 and sc["agent"]["budget_spent"]
-    assert sc["agent"]["decisions"] >= 2
+    assert sc["agent"]["deliberations"] == 1 and sc["agent"]["budget_spent"]
+    assert sc["agent"]["decisions"] >= 1
 
 
 @pytest.mark.parametrize("on_failure", ["nothing", "rules"])

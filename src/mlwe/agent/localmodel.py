@@ -392,9 +392,9 @@ class LocalModelServer:
     def stop(self) -> None:
         p, self.proc = self.proc, None
         if p is not None and p.poll() is None:
-            p.terminate()
+            p.terminate()  # a request in flight holds a graceful stop: not for long
             try:
-                p.wait(timeout=15)
+                p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=15)
