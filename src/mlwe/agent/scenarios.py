@@ -210,7 +210,10 @@ def run_world(
     mode: Mode = Mode.AUTONOMOUS,
     tick_s: float = 60.0,
     seed: int = 0,
+    after_tick: Callable[[ControlPlane, Agent], None] | None = None,
 ) -> World:
+    """One run of ``sc``; ``after_tick`` is called after every agent round (the soak
+    checks the invariants there)."""
     wall0 = time.perf_counter()
     kernel = Kernel()
     cp = build_control_plane(sc.cluster, kernel.clock)
@@ -233,6 +236,8 @@ def run_world(
             assert agent is not None
             agent.observe(backend.drain_telemetry())
             agent.tick()
+            if after_tick is not None:
+                after_tick(cp, agent)
             if flows.tick():
                 rec.dirty = True  # a workflow step may have placed or retried something
             wake_at = flows.next_wakeup()
@@ -478,21 +483,42 @@ SCENARIOS: Mapping[str, Callable[[], Scenario]] = {
 }
 
 
-def evaluate(
-    names: list[str] | None = None,
-    *,
-    reasoner: str = "rules",
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Run the scenarios with and without the agent; per-scenario pass/fail and KPIs."""
+def check_scenarios(names: list[str] | None) -> list[str]:
     chosen = names or list(SCENARIOS)
     unknown = [n for n in chosen if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    return chosen
+
+
+def evaluate(
+    names: list[str] | None = None,
+    *,
+    reasoner: str | Reasoner = "rules",
+    seed: int = 0,
+    max_deliberations: int | None = None,
+) -> dict[str, Any]:
+    """Run the scenarios with and without the agent; per-scenario pass/fail and KPIs.
+
+    ``reasoner``: a name (built with its defaults and the environment) or a reasoner
+    (an LLM one configured by the caller: ``mlwe agent eval --reasoner openai
+    --base-url ...``). ``max_deliberations``: per scenario, the reasoner is asked at
+    most this often; past it the agent decides nothing (a slow model's bounded run:
+    each scenario's ``agent.budget_spent`` says whether it was reached)."""
+    from mlwe.agent.metered import MeteredReasoner
+
+    if max_deliberations is not None and max_deliberations < 1:
+        raise ValueError("max_deliberations must be at least 1")
+    chosen = check_scenarios(names)
+    if isinstance(reasoner, str):
+        from mlwe.agent.reasoners import make_reasoner
+
+        reasoner = make_reasoner(reasoner)
     results: list[dict[str, Any]] = []
     for name in chosen:
         sc = SCENARIOS[name]()
-        agent_run = run_world(sc, with_agent=True, reasoner=reasoner, seed=seed)
+        metered = MeteredReasoner(reasoner, max_deliberations or 1 << 62)
+        agent_run = run_world(sc, with_agent=True, reasoner=metered, seed=seed)
         base_run = run_world(sc, with_agent=False, seed=seed)
         checks: list[tuple[str, bool, str]] = sc.expect(agent_run, base_run)
         assert agent_run.agent is not None
@@ -506,6 +532,9 @@ def evaluate(
             "agent": {
                 "committed": agent_run.committed(),
                 "decisions": len(agent_run.agent.outcomes),
+                "deliberations": metered.deliberations,
+                "budget_spent": metered.spent,
+                "reasoner_ms_p50": _p50(metered.latency_ms),
                 "outcomes": _count(o.outcome for o in agent_run.agent.outcomes),
                 "forecasts": agent_run.agent.whatif.runs,
                 "analyses": agent_run.agent.analyses,
@@ -515,13 +544,20 @@ def evaluate(
         })
     passed = sum(r["passed"] for r in results)
     return {
-        "reasoner": reasoner,
+        "reasoner": reasoner.name,
+        "model": getattr(reasoner, "model", None),
         "seed": seed,
+        "max_deliberations": max_deliberations,
         "passed": passed,
         "total": len(results),
         "score": round(sum(r["score"] for r in results) / len(results), 3) if results else 0.0,
         "scenarios": results,
     }
+
+
+def _p50(xs: list[float]) -> float:
+    s = sorted(xs)
+    return round(s[len(s) // 2], 1) if s else 0.0
 
 
 def _workflows(agent: Agent) -> list[dict[str, Any]]:

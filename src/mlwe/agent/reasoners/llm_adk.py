@@ -15,7 +15,10 @@ Configuration (``AdkReasoner.from_env``): ``MLWE_ADK_MODEL`` (default
 LiteLLM); for Gemini ``GOOGLE_API_KEY`` (or ``GEMINI_API_KEY``), or
 ``GOOGLE_GENAI_USE_VERTEXAI=true`` with ``GOOGLE_CLOUD_PROJECT``;
 ``MLWE_ADK_BASE_URL`` points the Gemini client at another endpoint that speaks
-its API. Needs Google ADK (``pip install 'mlwe[adk]'``).
+its API, or a LiteLLM model at its server (``openai/<name>`` with an
+OpenAI-compatible server's ``.../v1`` URL: vLLM, llama.cpp's server, Ollama);
+``MLWE_LLM_ON_FAILURE`` (``nothing`` or ``rules``) as for the ``openai`` reasoner.
+Needs Google ADK (``pip install 'mlwe[adk]'``).
 """
 
 from __future__ import annotations
@@ -29,11 +32,15 @@ from typing import Any, TypeVar
 
 from mlwe.agent.reasoners.base import Choice, Situation, ToolCall
 from mlwe.agent.reasoners.llm_common import (
+    ENV_ON_FAILURE,
     SYSTEM_PROMPT,
     TOOL_NAMES,
     Guardrail,
     LLMNotConfigured,
     Verdict,
+    check_on_failure,
+    declared_parameters,
+    fall_back,
     make_choice,
     run_tool_call,
     situation_prompt,
@@ -80,6 +87,8 @@ def make_model(
     if not adk_available():
         raise LLMNotConfigured(NEEDS_ADK)
     if _is_litellm(model):
+        # offline-safe: LiteLLM otherwise fetches its model price list from the internet
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         try:
             from google.adk.models.lite_llm import LiteLlm
         except ImportError:
@@ -87,7 +96,12 @@ def make_model(
                 f"model {model!r} goes through ADK's LiteLLM bridge, which needs the litellm"
                 " package: pip install litellm"
             ) from None
-        return LiteLlm(model=model)
+        extra: dict[str, Any] = {}
+        if base_url:  # an OpenAI-compatible server of one's own (local ones take any key)
+            extra = {"api_base": base_url, "api_key": api_key or "not-needed"}
+        elif api_key:
+            extra = {"api_key": api_key}
+        return LiteLlm(model=model, **extra)
     from google.adk.models import Gemini
 
     kwargs: dict[str, Any] = {"model": model}
@@ -120,7 +134,9 @@ class AdkReasoner:
         llm: Any | None = None,
         max_calls: int = 24,
         max_llm_calls: int = 10,
+        max_tokens: int | None = 1024,
         allowed_tools: tuple[str, ...] = TOOL_NAMES,
+        on_failure: str = "nothing",
     ) -> None:
         if not adk_available():
             raise LLMNotConfigured(NEEDS_ADK)
@@ -131,7 +147,9 @@ class AdkReasoner:
                                                            base_url=base_url)
         self.max_calls = max_calls
         self.max_llm_calls = max_llm_calls
+        self.max_tokens = max_tokens
         self.allowed_tools = allowed_tools
+        self.on_failure = check_on_failure(on_failure)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **options: Any) -> AdkReasoner:
@@ -145,6 +163,7 @@ class AdkReasoner:
             (env[k].strip() for k in ENV_KEYS if env.get(k, "").strip()), None
         )
         vertex = env.get("GOOGLE_GENAI_USE_VERTEXAI", "").strip().lower() in ("1", "true", "yes")
+        options.setdefault("on_failure", env.get(ENV_ON_FAILURE, "").strip() or "nothing")
         if not _is_litellm(model) and not (api_key or vertex):
             raise LLMNotConfigured(HOW_TO_CONFIGURE)
         return cls(model, api_key=api_key, base_url=base_url, **options)
@@ -160,9 +179,10 @@ class AdkReasoner:
             log.warning("adk reasoner: %s: %s", type(exc).__name__, exc)
             final_text = ""
             error = f"the ADK agent failed: {type(exc).__name__}: {_short(exc)}"
-        return make_choice(
+        choice = make_choice(
             self.name, self.model, situation, tools, calls, final_text=final_text, error=error
         )
+        return fall_back(choice, error, situation, tools, self.on_failure)
 
     async def _converse(
         self, situation: Situation, tools: AgentTools, guard: Guardrail, calls: list[ToolCall]
@@ -184,7 +204,7 @@ class AdkReasoner:
                 return types.FunctionDeclaration(
                     name=self.name,
                     description=self.description,
-                    parameters_json_schema=dict(self.spec["parameters"]),
+                    parameters_json_schema=declared_parameters(self.spec),
                 )
 
             async def run_async(self, *, args: dict[str, Any], tool_context: ToolContext) -> Any:
@@ -212,7 +232,8 @@ class AdkReasoner:
             instruction=SYSTEM_PROMPT,
             tools=[TypedTool(s) for s in TOOL_SPECS if s["name"] in self.allowed_tools],
             before_tool_callback=before_tool,
-            generate_content_config=types.GenerateContentConfig(temperature=0.0),
+            generate_content_config=types.GenerateContentConfig(
+                temperature=0.0, max_output_tokens=self.max_tokens),
         )
         runner = InMemoryRunner(agent=agent, app_name="mlwe")
         session = await runner.session_service.create_session(app_name="mlwe", user_id="mlwe")

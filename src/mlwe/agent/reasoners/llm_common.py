@@ -13,7 +13,12 @@ plan it proposes is verified by the loop and the control plane like any
 other; an invalid one is rejected with reasons.
 
 An LLM reasoner that is not configured raises :class:`LLMNotConfigured`
-naming what to set; one whose endpoint fails chooses nothing and says why.
+naming what to set. One that fails to decide (its endpoint down or too slow,
+an answer that does not parse, a conversation cut off by its budget, or
+only refused or failed calls and no proposal) does what ``on_failure`` says
+(:func:`fall_back`): ``"nothing"`` (the default) decides nothing and says why;
+``"rules"`` lets the deterministic rules reasoner decide instead, and the
+trace says so. Never an exception into the loop.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from mlwe.agent.model import CandidatePlan, json_dict
 from mlwe.agent.reasoners.base import (
     Choice,
     Consideration,
+    Reasoner,
     ReasoningTrace,
     Situation,
     ToolCall,
@@ -59,6 +65,28 @@ and lose the least work. When you are done, answer with one short sentence."""
 
 class LLMNotConfigured(RuntimeError):
     """An LLM reasoner was selected but what it needs is missing (key, endpoint, package)."""
+
+
+#: bounds the guardrail enforces but the declared schemas leave out: a server that
+#: constrains its output to the schema with a grammar (llama.cpp's) unrolls each bound
+#: into repeated rules, and a 4,000-character string or 64-item array makes it give up
+#: on the grammar and crash (measured with llama-cpp-python 0.3.36)
+UNDECLARED_BOUNDS = frozenset({"maxLength", "maxItems"})
+
+
+def declared_parameters(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool's parameters schema as declared to a model: the checked one, less the
+    :data:`UNDECLARED_BOUNDS` (still enforced by :class:`Guardrail` on every call)."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            return {k: strip(v) for k, v in node.items() if k not in UNDECLARED_BOUNDS}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    out: dict[str, Any] = strip(spec["parameters"])
+    return out
 
 
 # ================================================================ guardrail
@@ -249,3 +277,61 @@ def make_choice(
         model=model,
     )
     return Choice(plan, trace)
+
+
+# ================================================================ failure
+#: what an LLM reasoner does when its model fails to decide
+ON_FAILURE: tuple[str, ...] = ("nothing", "rules")
+ENV_ON_FAILURE = "MLWE_LLM_ON_FAILURE"
+
+
+def check_on_failure(value: object) -> str:
+    if value not in ON_FAILURE:
+        raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {value!r}")
+    return str(value)
+
+
+def failure(choice: Choice, error: str | None) -> str | None:
+    """Why the model failed to decide (None: it decided, possibly to do nothing).
+
+    A model that answered, made no failed call and proposed nothing has decided
+    to do nothing; one whose calls were all refused or failed has not."""
+    if error is not None:
+        return error
+    if choice.plan is None:
+        bad = [c for c in choice.trace.tool_calls if not c.ok]
+        if bad:
+            return (f"the model proposed nothing after {len(bad)} refused or failed tool"
+                    f" call(s) (last: {bad[-1].tool}: {bad[-1].summary[:200]})")
+    return None
+
+
+def fall_back(
+    choice: Choice,
+    error: str | None,
+    situation: Situation,
+    tools: AgentTools,
+    on_failure: str,
+    rules: Reasoner | None = None,
+) -> Choice:
+    """``choice`` as is if the model decided; otherwise what ``on_failure`` says."""
+    why_failed = failure(choice, error)
+    if why_failed is None or on_failure == "nothing":
+        return choice
+    from mlwe.agent.reasoners.rules import RulesReasoner  # a sibling: no cycle at import
+
+    before = len(tools.calls)
+    fb = (rules or RulesReasoner()).choose(situation, tools)
+    tr, ft = choice.trace, fb.trace
+    trace = ReasoningTrace(
+        reasoner=f"{ft.reasoner} (fallback for {tr.reasoner})",
+        saw=tr.saw,
+        considered=ft.considered,
+        chose=ft.chose,
+        why=(*tr.why, f"the {tr.reasoner} model failed to decide; the rules reasoner decided"
+             " instead (on_failure=rules)", *(f"rules: {w}" for w in ft.why)),
+        weights=ft.weights,
+        tool_calls=(*tr.tool_calls, *tools.calls[before:]),  # the rules' own calls
+        model=tr.model,
+    )
+    return Choice(fb.plan, trace)
