@@ -72,6 +72,8 @@ class Released:
     workload: str
     attempt: int
     checkpointed_progress: float | None = None  # progress saved by the final checkpoint
+    #: seconds of work the final checkpoint holds, when the backend knows them
+    checkpointed_work_s: float | None = None
     kind = "released"
 
 

@@ -15,6 +15,7 @@ from mlwe.core.actions import Action, Place, Preempt
 from mlwe.core.capacity import FULL, CapacityIndex, ReplicaAlloc, Shape
 from mlwe.core.controlplane import ApplyResult, ControlPlane
 from mlwe.core.decisions import DecisionRecord, digest
+from mlwe.core.estimator import RuntimeEstimator
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import (
@@ -24,7 +25,12 @@ from mlwe.core.policies.deadline import (
     deadline_admission,
     project_start,
 )
-from mlwe.core.policies.ordering import OrderingPolicy, PriorityDeadlineFairShare, slack
+from mlwe.core.policies.ordering import (
+    OrderingPolicy,
+    PriorityDeadlineFairShare,
+    attained,
+    slack,
+)
 from mlwe.core.policies.placement import BestFit, PlacementPolicy
 from mlwe.core.policies.preemption import CheapestVictims, PreemptionPolicy, describe_choice
 from mlwe.core.resources import format_duration, format_gpu
@@ -85,7 +91,10 @@ class Scheduler:
         preemption: PreemptionPolicy | None = None,
         config: SchedulerConfig | None = None,
         name: str = "mlwe-default",
+        estimator: RuntimeEstimator | None = None,
     ) -> None:
+        #: learned run times (None: the policy uses only what users declare)
+        self.estimator = estimator
         self.ordering = ordering or PriorityDeadlineFairShare()
         self.placement = placement or BestFit()
         self.preemption = preemption or CheapestVictims()
@@ -145,8 +154,19 @@ class Scheduler:
         return []
 
     # --------------------------------------------------------------------- plan
+    def remaining(self, w: Workload, now: float) -> float | None:
+        """Expected seconds of work left: the user's estimate, else the learned one."""
+        rem = w.remaining_estimate(now)
+        if rem is None and self.estimator is not None:
+            est = self.estimator.estimate(w, attained(w, now))
+            if est is not None:
+                rem = est.remaining_s
+        return rem
+
     def plan(self, cp: ControlPlane, cause_id: str | None = None) -> Plan:
         plan = Plan(version=cp.version)
+        if self.estimator is not None:
+            self.estimator.attach(cp)
         queued = cp.queued_workloads()
         if not queued:
             return plan
@@ -180,7 +200,7 @@ class Scheduler:
                 continue
             replicas = w.spec.replicas
             exclude: frozenset[str] = frozenset()
-            if reservation is not None and not _ends_before(w, now, reservation.start):
+            if reservation is not None and not self._ends_before(w, now, reservation.start):
                 exclude = reservation.nodes
             key = (shape, replicas, bool(exclude))
             allocs = None
@@ -196,7 +216,7 @@ class Scheduler:
                     if reservation is not None:
                         nodes = ", ".join(sorted(reservation.nodes))
                         plan.pending[head.id] += f"; holds a reservation on {nodes}"
-                        if not _ends_before(w, now, reservation.start):
+                        if not self._ends_before(w, now, reservation.start):
                             exclude = reservation.nodes
                     key = (shape, replicas, bool(exclude))
                     allocs = self.placement.place(fork, shape, replicas, exclude)
@@ -228,7 +248,7 @@ class Scheduler:
                 if reservation is not None:
                     nodes = ", ".join(sorted(reservation.nodes))
                     plan.pending[head.id] += f"; holds a reservation on {nodes}"
-                    if not _ends_before(w, now, reservation.start):
+                    if not self._ends_before(w, now, reservation.start):
                         exclude = reservation.nodes
             pkey = (shape, replicas, w.priority, w.queue, bool(exclude))
             if (
@@ -309,6 +329,13 @@ class Scheduler:
             res = Reservation(w.id, proj.start, frozenset(a.node for a in proj.allocs))
         self._reservation_cache = (w.id, cp.holding_epoch, proj.start, res)
         return res
+
+    def _ends_before(self, w: Workload, now: float, t: float) -> bool:
+        """Whether ``w`` is expected to be done by ``t`` (backfill may then use the
+        reserved nodes): by the user's estimate, else the learned one; never for
+        work nobody can estimate."""
+        rem = self.remaining(w, now)
+        return rem is not None and now + rem <= t
 
     def _why_waiting(
         self,
@@ -398,9 +425,6 @@ def _hold(
             fork.set_status(node, NodeStatus.CORDONED)
 
 
-def _ends_before(w: Workload, now: float, t: float) -> bool:
-    rem = w.remaining_estimate(now)
-    return rem is not None and now + rem <= t
 
 
 def _sum(allocs: Sequence[ReplicaAlloc]) -> list[int]:

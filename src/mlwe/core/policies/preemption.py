@@ -136,9 +136,8 @@ class CheapestVictims:
                 return None  # the control plane's rule: e.g. a CPU-only job frees no GPUs
             return why
 
-        if not reclaim_ok and not any(
-            prio < p.priority for prio, n in cp.holding_by_priority.items() if n
-        ):
+        held = cp.holding_by_priority  # live priorities only (zero counts are dropped)
+        if not reclaim_ok and min(held, default=p.priority) >= p.priority:
             return None  # nobody holds anything at a lower priority
 
         if shape.gpu:
@@ -176,7 +175,7 @@ class CheapestVictims:
                         v = cp.workloads[wid]
                         why = eligible(v)
                         if why is not None:
-                            vs.append((victim_cost(v, now, self.gang_penalty), v, why))
+                            vs.append((self.cost(v, now), v, why))
                     if vs:
                         cand = self._try_node(f, node, shape, vs, i)
                         if cand is not None:
@@ -215,6 +214,10 @@ class CheapestVictims:
             feasible_nodes=feasible_total,
             alternatives=tuple(alternatives),
         )
+
+    def cost(self, v: Workload, now: float) -> float:
+        """What evicting ``v`` now costs (the set with the least total wins)."""
+        return victim_cost(v, now, self.gang_penalty)
 
     def _try_node(
         self,
@@ -273,6 +276,22 @@ class CheapestVictims:
                 if again is not None:
                     released, fit = trial, again
         return _Candidate(node, released, fit, sum(c for c, _, _ in released), rank)
+
+
+class LowestPriorityVictims(CheapestVictims):
+    """The victims are the running workloads last in priority order: lowest
+    effective priority first, latest arrival first among equals; the set is still
+    minimal and respects every rule of the core (strictly lower priority,
+    protection, minimum runtime). For policies whose preemption is free (the
+    Tiresias authors' simulator): with nothing lost, the rank is all there is to
+    weigh, and the authors' simulators evict exactly the jobs that fall out of
+    the policy's order."""
+
+    name = "lowest-priority-victims"
+
+    def cost(self, v: Workload, now: float) -> float:
+        # whole numbers (the candidate key rounds costs): priority first, then recency
+        return float(v.priority) * 1e9 - float(v.seq)
 
 
 def _first_fit(f: CapacityIndex, shape: Shape, exclude: Container[str]) -> ReplicaAlloc | None:
