@@ -19,6 +19,9 @@ from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, ReplicaResources, Wo
 class PreemptReason(enum.StrEnum):
     PRIORITY = "priority"  # the preemptor has strictly higher priority
     RECLAIM = "reclaim"  # the preemptor's queue reclaims nominal quota lent to the victim's
+    #: same priority: the policy expects the gain to exceed the cost; the core
+    #: enforces the structural bounds (core.rules.gain_violations)
+    GAIN = "gain"
 
 
 @dataclass(frozen=True, slots=True)

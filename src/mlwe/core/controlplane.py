@@ -49,6 +49,7 @@ from mlwe.core.model import Queue, Workload
 from mlwe.core.resources import Resources
 from mlwe.core.rules import (
     frees_what_is_needed,
+    gain_violations,
     preemptible,
     quota_verdict,
     reclaim_violations,
@@ -684,6 +685,8 @@ class ControlPlane:
                     f"priority rule: {p.id} (priority {p.priority}) may not preempt"
                     f" {v.id} (priority {v.priority}); only a strictly higher priority preempts"
                 )
+        elif reason is PreemptReason.GAIN:
+            reasons += gain_violations(p, v, now)
         else:
             reasons += reclaim_violations(self.queues, p, v)
         why_not = preemptible(v, now)

@@ -133,18 +133,25 @@ class RuntimeEstimator:
         self.predicted = 0  # completed workloads that had a prediction at submission
         self.completed = 0
         self._at_submit: dict[str, float | None] = {}
-        self._cache: dict[str, tuple[int, float, Estimate | None]] = {}
-        self._keys_of: dict[str, list[tuple[tuple[str, ...], str]]] = {}
+        self._cache: dict[str, tuple[int, float, Estimate | None, WorkloadSpec]] = {}
+        self._keys_of: dict[str, tuple[WorkloadSpec, list[tuple[tuple[str, ...], str]]]] = {}
         self._gittins: dict[tuple[int, float], tuple[int, float]] = {}
         self._attached: object | None = None
 
+    def fresh(self, learned_then: int) -> bool:
+        """Whether a prediction made when ``learned_then`` runs were known still
+        stands: until the history grows by 5% (at least 8 runs), a cached
+        prediction is reused (bounded staleness keeps a cycle over a long queue
+        cheap; the choice depends only on counts, so it stays deterministic)."""
+        return self.learned - learned_then <= max(8, learned_then // 20)
+
     def keys_for(self, w: Workload) -> list[tuple[tuple[str, ...], str]]:
         got = self._keys_of.get(w.id)
-        if got is None:
+        if got is None or got[0] is not w.spec:
             if len(self._keys_of) > 200_000:
                 self._keys_of.clear()
-            got = self._keys_of[w.id] = self._keys(w.spec)
-        return got
+            got = self._keys_of[w.id] = (w.spec, self._keys(w.spec))
+        return got[1]
 
     # ------------------------------------------------------------------ features
     @staticmethod
@@ -211,12 +218,17 @@ class RuntimeEstimator:
         """Expected run time of ``w`` given ``attained_s`` seconds of work done; None
         when neither history nor the user gives anything."""
         cached = self._cache.get(w.id)
-        if cached is not None and cached[0] == self.learned and cached[1] == attained_s:
+        if (
+            cached is not None
+            and cached[1] == attained_s
+            and cached[3] is w.spec
+            and self.fresh(cached[0])
+        ):
             return cached[2]
         est = self._estimate(w.spec, attained_s, self.keys_for(w))
         if len(self._cache) > 100_000:
             self._cache.clear()
-        self._cache[w.id] = (self.learned, attained_s, est)
+        self._cache[w.id] = (self.learned, attained_s, est, w.spec)
         return est
 
     def _estimate(
@@ -310,8 +322,9 @@ class RuntimeEstimator:
         self.learn(w.spec, run_s)
 
     def error_stats(self) -> dict[str, float | int | None]:
-        """Median and p90 relative error of predictions at submission, and coverage
-        (share of completed workloads that had a learned prediction)."""
+        """Median and p90 relative error of the prediction made at submission (or,
+        where none could be made then, at first placement), and coverage (share of
+        completed workloads that had a learned prediction)."""
         errs = sorted(self.errors)
         return {
             "estimate_p50_rel_error": _r(_pick(errs, 0.5)),
@@ -339,6 +352,11 @@ class RuntimeEstimator:
             if self._attached is not cp:
                 return
             if tr.target is State.PENDING:
+                self.note_submitted(w)
+            elif tr.target is State.ADMITTED and self._at_submit.get(w.id, 0.0) is None:
+                # nothing was known at submission: score the estimate the placing
+                # decision could use instead
+                del self._at_submit[w.id]
                 self.note_submitted(w)
             elif tr.target is State.SUCCEEDED:
                 self.note_completed(w, run_seconds(w, tr.time))

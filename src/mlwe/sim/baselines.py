@@ -528,7 +528,10 @@ def mlwe_default(durations: Mapping[str, float]) -> Scheduler:
     reservation lets through work expected (by user or learned estimate) to end
     before it."""
     est = RuntimeEstimator()
-    return Scheduler(ordering=SizeAware(est), estimator=est, name="mlwe")
+    return Scheduler(
+        ordering=SizeAware(est), estimator=est, name="mlwe",
+        config=SchedulerConfig(gain_preemption=True),
+    )
 
 
 def fifo_strict(durations: Mapping[str, float]) -> Scheduler:
