@@ -555,6 +555,9 @@ class Scheduler:
         if s != INF:
             order_why += f", slack {format_duration(s)}"
         why.append(order_why + ")")
+        explain = getattr(self.ordering, "explain", None)
+        if explain is not None:
+            why.append(f"ranked by {explain(w, now)}")
         if shape.gpu:
             left = cp.capacity.whole_free_gpus(nodes[0]) - (
                 sum(len(a.devices) for a in allocs if a.node == nodes[0])
