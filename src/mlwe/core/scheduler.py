@@ -28,6 +28,7 @@ from mlwe.core.policies.deadline import (
 from mlwe.core.policies.ordering import (
     OrderingPolicy,
     PriorityDeadlineFairShare,
+    SizeAware,
     attained,
     slack,
 )
@@ -619,3 +620,15 @@ def _sum(allocs: Sequence[ReplicaAlloc]) -> list[int]:
         out[2] += r.cpu
         out[3] += r.ram
     return out
+
+
+def default_scheduler(name: str = "mlwe-default") -> Scheduler:
+    """The engine's default policy (the replays' "mlwe"): run times learned from
+    completed workloads (seeded from what the control plane holds, so a
+    recovered store's history counts), size-aware ordering within a priority,
+    preemption among equals when the expected gain exceeds the cost."""
+    est = RuntimeEstimator()
+    return Scheduler(
+        ordering=SizeAware(est), estimator=est, name=name,
+        config=SchedulerConfig(gain_preemption=True),
+    )

@@ -37,12 +37,10 @@ from typing import Any
 
 from mlwe.core.actions import Action, SetPriority
 from mlwe.core.controlplane import ControlPlane
-from mlwe.core.estimator import RuntimeEstimator
 from mlwe.core.lifecycle import HOLDING, QUEUED, State, Transition
 from mlwe.core.model import Queue, Workload
-from mlwe.core.policies.ordering import SizeAware
 from mlwe.core.policies.preemption import LowestPriorityVictims
-from mlwe.core.scheduler import Scheduler, SchedulerConfig
+from mlwe.core.scheduler import Scheduler, SchedulerConfig, default_scheduler
 from mlwe.sim.checkpoint import FREE_PREEMPTION, CheckpointModel
 
 INF = math.inf
@@ -523,15 +521,12 @@ def mlwe_default(durations: Mapping[str, float]) -> Scheduler:
     durations; mlwe.core.estimator), size-aware within a priority: feasible urgent
     deadlines first by slack, then the Gittins index of the learned service
     distribution per GPU (LAS where no history exists), aged so nothing starves,
-    then fair share and arrival (mlwe.core.policies.ordering.SizeAware); best fit;
+    then arrival (mlwe.core.policies.ordering.SizeAware); preemption among equals when the
+    expected gain exceeds the cost (see SchedulerConfig.gain_*); best fit;
     cheapest minimal preemption of strictly lower priorities; EASY backfill whose
     reservation lets through work expected (by user or learned estimate) to end
     before it."""
-    est = RuntimeEstimator()
-    return Scheduler(
-        ordering=SizeAware(est), estimator=est, name="mlwe",
-        config=SchedulerConfig(gain_preemption=True),
-    )
+    return default_scheduler(name="mlwe")
 
 
 def fifo_strict(durations: Mapping[str, float]) -> Scheduler:
