@@ -102,8 +102,9 @@ class SizeAware:
        size like the rest) by a virtual start time: the moment it entered the
        queue plus ``aging`` x its expected service per GPU, where expected
        service = 1 / the Gittins index of its learned service distribution at
-       the service it has attained, if history exists, else attained service +
-       ``las_quantum_s`` (least attained service first, LAS). Smaller first. So a
+       the service it has attained, if history exists, else the user's
+       estimate of what is left, else attained service + ``las_quantum_s``
+       (least attained service first, LAS). Smaller first. So a
        short job overtakes a long one, but only for as long as the long one
        has waited ``aging`` x its own size: nothing starves;
     3. then arrival.
@@ -118,7 +119,7 @@ class SizeAware:
     def __init__(
         self,
         estimator: RuntimeEstimatorLike,
-        urgency_horizon_s: float = 24 * 3600.0,
+        urgency_horizon_s: float = 2 * 3600.0,
         las_quantum_s: float = 600.0,
         aging: float = 1.0,
     ) -> None:
@@ -146,8 +147,13 @@ class SizeAware:
         g = est.gittins_index(w, a)
         rule = "gittins"
         if g is None or g <= 0:
-            service = a + self.las_quantum_s
-            rule = "las"
+            told = est.estimate(w, a)  # no history: the user's own estimate, if any
+            if told is not None:
+                service = max(1.0, float(told.remaining_s))
+                rule = "estimate"
+            else:
+                service = a + self.las_quantum_s
+                rule = "las"
         else:
             service = 1.0 / g
         per_gpu = service * max(1.0, w.gpus())
@@ -176,10 +182,11 @@ class SizeAware:
         k = self.key(w, now)
         if k[1] == 0:
             return f"feasible deadline, slack {format_duration(e[2] - now)}"
-        text = (
-            f"{'Gittins index of learned run times' if e[4] == 'gittins' else 'least attained service (no history)'},"
-            f" virtual start t={e[3]:.0f}"
-        )
+        rule = {
+            "gittins": "Gittins index of learned run times",
+            "estimate": "the user's estimate (no history)",
+        }.get(e[4], "least attained service (no history)")
+        text = f"{rule}, virtual start t={e[3]:.0f}"
         est = self.estimator.estimate(w, e[0])
         if est is not None and hasattr(est, "describe"):
             text += f"; estimate {est.describe()}"
