@@ -499,10 +499,14 @@ def bench_core(
     seed: int = 0,
     preemptions: Annotated[int, typer.Option(min=0)] = 200,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    policy: Annotated[str, typer.Option(help="mlwe (learned, size-aware) or classic")] = "mlwe",
 ) -> None:
     """Placement and preemption speed of the control plane on a synthetic cluster."""
     from mlwe.sim.bench import bench_core as run
 
+    if policy not in ("mlwe", "classic"):
+        err.print(f"--policy {policy!r}: expected mlwe or classic")
+        raise typer.Exit(2)
     result = run(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -510,6 +514,7 @@ def bench_core(
         running=running,
         seed=seed,
         preemptions=preemptions,
+        policy=policy,
     )
     if as_json:
         print(json.dumps(result))
