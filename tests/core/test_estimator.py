@@ -121,3 +121,24 @@ def test_attach_learns_from_completed_workloads_only() -> None:
     assert est.learned == 2
     est.attach(cp)  # idempotent
     assert est.learned == 2
+
+
+def test_deadline_admission_uses_learned_estimates() -> None:
+    from mlwe.core.policies.deadline import DeadlineStatus
+    from mlwe.core.scheduler import default_scheduler
+
+    from .builders import submit
+
+    cp, clock = cluster(gpu_node("a100-0"))
+    sched = default_scheduler()
+    sched.plan(cp)  # attach
+    assert sched.estimator is not None
+    for i in range(3):
+        sched.estimator.learn(job(f"old-{i}", gpu=1), 100.0)
+    clock.advance(1000.0)
+    submit(cp, job("tight-1", gpu=1, deadline=1050.0), job("roomy-2", gpu=1, deadline=5000.0))
+    tight = sched.admission(cp, cp.workloads["tight-1"])
+    assert tight.status is DeadlineStatus.INFEASIBLE, tight.reason
+    assert "needs 1m40s" in tight.reason
+    roomy = sched.admission(cp, cp.workloads["roomy-2"])
+    assert roomy.status is DeadlineStatus.FEASIBLE, roomy.reason

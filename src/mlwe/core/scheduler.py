@@ -171,7 +171,10 @@ class Scheduler:
             if other.id == w.id:
                 break
             ahead.append(other)
-        return deadline_admission(cp, w, ahead, default_estimate_s=self.config.default_estimate_s)
+        return deadline_admission(
+            cp, w, ahead, default_estimate_s=self.config.default_estimate_s,
+            remaining=self.remaining if self.estimator is not None else None,
+        )
 
     # ------------------------------------------------------------------ hooks
     def prepare(self, cp: ControlPlane) -> list[Action]:
@@ -428,6 +431,7 @@ class Scheduler:
             fork=fork,
             default_estimate_s=self.config.default_estimate_s,
             placement=self.placement,
+            remaining=self.remaining if self.estimator is not None else None,
         )
         res = None
         if proj.start < INF:
