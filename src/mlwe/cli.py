@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from mlwe.sim.checkpoint import CheckpointModel
     from mlwe.sim.replay import ReplayResult
     from mlwe.sim.traces import Trace
 
@@ -186,8 +187,30 @@ def _require_reports(out_dir: Path | None) -> None:
         raise typer.Exit(2) from None
 
 
+CHECKPOINT_HELP = (
+    "what a preemption costs trace jobs: periodic:INTERVAL[,cost=C][,restart=R] (seconds;"
+    " default periodic:1800,cost=0,restart=60), none (all work of the attempt lost) or free"
+    " (instant, nothing lost); printed in every report"
+)
+
+
+def _checkpoint_model(text: str) -> CheckpointModel:
+    from mlwe.sim.checkpoint import parse_checkpoint_model
+
+    try:
+        return parse_checkpoint_model(text)
+    except ValueError as exc:
+        err.print(f"--checkpoint: {exc}", markup=False)
+        raise typer.Exit(2) from None
+
+
 def _run_replays(
-    tr: Trace, policies: list[str], seed: int, invariants: bool, quiet: bool
+    tr: Trace,
+    policies: list[str],
+    seed: int,
+    invariants: bool,
+    quiet: bool,
+    checkpoint: CheckpointModel | None = None,
 ) -> list[ReplayResult]:
     import time as _time
 
@@ -216,6 +239,8 @@ def _run_replays(
 
             cfg = ReplayConfig(policy=policy, seed=seed, check_invariants=invariants,
                                progress=None if quiet else progress)
+            if checkpoint is not None:
+                cfg.checkpoint = checkpoint
             results.append(replay(tr, cfg))
             bar.update(task, completed=total)
     return results
@@ -232,6 +257,7 @@ def replay_cmd(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows")] = False,
     no_invariants: Annotated[bool, typer.Option("--no-invariants", help="profiling only: the report says so")] = False,
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "periodic:1800,cost=0,restart=60",
 ) -> None:
     """Replay a trace through the real control plane and a policy on simulated time."""
     from mlwe.sim.baselines import POLICIES
@@ -240,8 +266,9 @@ def replay_cmd(
         err.print(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         raise typer.Exit(2)
     _require_reports(out)
+    model = _checkpoint_model(checkpoint)
     tr = _load_trace_for_cli(trace, cluster, limit, seed, skip_bad_rows)
-    (result,) = _run_replays(tr, [policy], seed, not no_invariants, as_json)
+    (result,) = _run_replays(tr, [policy], seed, not no_invariants, as_json, model)
     _warn_if_no_contention([result])
     if out is not None:
         from mlwe.sim.report import write_report
@@ -263,6 +290,7 @@ def compare_cmd(
     out: Annotated[Path | None, typer.Option(help="write metrics.json, report.md and plots here")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows")] = False,
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "periodic:1800,cost=0,restart=60",
 ) -> None:
     """Run several policies on the same trace and compare them."""
     from mlwe.sim.baselines import POLICIES
@@ -273,8 +301,9 @@ def compare_cmd(
         err.print(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}")
         raise typer.Exit(2)
     _require_reports(out)
+    model = _checkpoint_model(checkpoint)
     tr = _load_trace_for_cli(trace, cluster, limit, seed, skip_bad_rows)
-    results = _run_replays(tr, names, seed, True, as_json)
+    results = _run_replays(tr, names, seed, True, as_json, model)
     _warn_if_no_contention(results)
     if out is not None:
         from mlwe.sim.report import write_report
@@ -303,9 +332,10 @@ def _warn_if_no_contention(results: list[ReplayResult]) -> None:
 
 def _print_metrics(results: list[ReplayResult]) -> None:
     keys = ["jobs", "completed", "avg_jct_s", "median_jct_s", "p99_jct_s", "avg_queue_delay_s",
-            "makespan_s", "gpu_util", "deadline_met_ratio", "preemptions",
-            "gpu_hours_lost_to_preemption", "queue_fairness_jain", "wall_s", "events_per_s",
-            "invariant_checks", "invariants"]
+            "max_queue_delay_s", "makespan_s", "gpu_util", "deadline_met_ratio", "preemptions",
+            "gpu_hours_lost_to_preemption", "queue_fairness_jain", "estimate_p50_rel_error",
+            "estimate_p90_rel_error", "estimate_coverage", "checkpoint_model", "wall_s",
+            "jobs_per_s", "events_per_s", "invariant_checks", "invariants"]
     table = Table(title=f"replay: {results[0].trace}")
     table.add_column("metric")
     for r in results:
@@ -315,6 +345,10 @@ def _print_metrics(results: list[ReplayResult]) -> None:
     out.print(table)
     for note in results[0].metrics.get("trace_notes", []):
         out.print(f"[dim]note: {note}[/dim]", markup=True, soft_wrap=True)
+    for r in results:
+        m = r.metrics
+        out.print(f"[dim]{r.policy}: checkpoints {m.get('checkpoint_semantics', '-')};"
+                  f" placement {m.get('placement', '-')}[/dim]", markup=True, soft_wrap=True)
 
 
 def _fmt(v: object) -> str:
@@ -462,10 +496,14 @@ def bench_core(
     seed: int = 0,
     preemptions: Annotated[int, typer.Option(min=0)] = 200,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    policy: Annotated[str, typer.Option(help="mlwe (learned, size-aware) or classic")] = "mlwe",
 ) -> None:
     """Placement and preemption speed of the control plane on a synthetic cluster."""
     from mlwe.sim.bench import bench_core as run
 
+    if policy not in ("mlwe", "classic"):
+        err.print(f"--policy {policy!r}: expected mlwe or classic")
+        raise typer.Exit(2)
     with err.status(f"bench core: {nodes:,} nodes, {pending:,} pending", spinner="dots") if not as_json \
             else _nothing():
         result = run(
@@ -475,6 +513,7 @@ def bench_core(
             running=running,
             seed=seed,
             preemptions=preemptions,
+            policy=policy,
         )
     if as_json:
         print(json.dumps(result))

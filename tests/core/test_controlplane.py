@@ -210,6 +210,12 @@ REJECTED: list[tuple[str, Batch, str]] = [
      lambda cp: [Preempt("run", "urgent-a100", PreemptReason.RECLAIM)],
      "reclaim: run is not in another queue of urgent-a100's cohort"),
     ("self-preemption", lambda cp: [Preempt("run", "run")], "a workload cannot preempt itself"),
+    ("gain-between-unequal-priorities",
+     lambda cp: [Preempt("run", "urgent-any", PreemptReason.GAIN)],
+     "are not equals; a higher priority preempts by rule 'priority'"),
+    ("gain-before-the-minimum-quantum",
+     lambda cp: [Preempt("run", "low-wait", PreemptReason.GAIN)],
+     "of its minimum quantum 600s"),
     # ------------------------------------------------------------ lifecycle
     ("resume-succeeded-by-place",
      lambda cp: [Place("done", (alloc("cpu-0", (), 0, 0, 4000, 64 * GIB),))],

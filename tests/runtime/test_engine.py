@@ -359,3 +359,28 @@ def test_a_wake_now_cuts_a_submission_window_short(tmp_path: Path) -> None:
         assert eng.cp.workloads["a"].state is not State.PENDING
     finally:
         eng.close()
+
+
+def test_mlwes_policy_learns_from_the_stores_history_across_restarts(tmp_path: Path) -> None:
+    from mlwe.core.scheduler import default_scheduler
+
+    def open_learning(clock: WallClock) -> Engine:
+        return Engine.open(cluster(), LiveSimBackend(clock), data_dir=tmp_path, clock=clock,
+                           scheduler=default_scheduler())
+
+    clock = WallClock(speed=600.0)
+    eng = open_learning(clock)
+    eng.submit([job(f"t{i}", secs=60) for i in range(3)])
+    assert eng.run_until(lambda e: all(e_state(e, f"t{i}") is State.SUCCEEDED for i in range(3)), 30)
+    est = eng.scheduler.estimator
+    assert est is not None and est.learned == 3
+    eng.close()
+    eng2 = open_learning(clock)
+    est2 = eng2.scheduler.estimator
+    assert est2 is not None and est2 is not est
+    eng2.scheduler.plan(eng2.cp)  # attaches: seeded from the recovered completed workloads
+    assert est2.learned == 3
+    w = eng2.cp.workloads["t0"]
+    got = est2.estimate(w)
+    assert got is not None and got.source == "user-calibrated" and got.samples == 3
+    eng2.close()

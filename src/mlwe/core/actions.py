@@ -19,6 +19,9 @@ from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, ReplicaResources, Wo
 class PreemptReason(enum.StrEnum):
     PRIORITY = "priority"  # the preemptor has strictly higher priority
     RECLAIM = "reclaim"  # the preemptor's queue reclaims nominal quota lent to the victim's
+    #: same priority: the policy expects the gain to exceed the cost; the core
+    #: enforces the structural bounds (core.rules.gain_violations)
+    GAIN = "gain"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,8 @@ class Released:
     workload: str
     attempt: int
     checkpointed_progress: float | None = None  # progress saved by the final checkpoint
+    #: seconds of work the final checkpoint holds, when the backend knows them
+    checkpointed_work_s: float | None = None
     kind = "released"
 
 

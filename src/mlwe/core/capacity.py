@@ -217,6 +217,14 @@ class CapacityIndex:
     def whole_free_gpus(self, node: str) -> int:
         return sum(1 for d in self._dev[node] if d == FULL)
 
+    def has_free_gpu(self) -> bool:
+        """Whether any ready node has a whole or partly free GPU (cheap: reads the
+        buckets, not the nodes)."""
+        for (model, level), b in self._buckets.items():
+            if model and level > 0 and b:
+                return True
+        return any(self._partial.values())
+
     def nodes_of_model(self, model: str | None) -> list[str]:
         """Nodes with GPUs of ``model`` (None: CPU-only nodes), in the order they were added."""
         return self._by_model.get(model or "", [])

@@ -14,6 +14,7 @@ After each applied batch the invariants of what the batch touched are checked
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +49,7 @@ from mlwe.core.model import Queue, Workload
 from mlwe.core.resources import Resources
 from mlwe.core.rules import (
     frees_what_is_needed,
+    gain_violations,
     preemptible,
     quota_verdict,
     reclaim_violations,
@@ -419,7 +421,7 @@ class ControlPlane:
     def _hold(self, txn: _Txn, w: Workload, allocs: tuple[ReplicaAlloc, ...]) -> None:
         q = self.queues[w.queue]
         hp = self.holding_by_priority
-        hp[w.priority] = hp.get(w.priority, 0) + 1
+        _bump(hp, w.priority, 1)
         self.holding_epoch += 1
         for a in allocs:
             self.capacity.allocate(a)
@@ -429,7 +431,7 @@ class ControlPlane:
         self._set(txn, w, "placement", allocs)
 
         def undo() -> None:
-            hp[w.priority] -= 1
+            _bump(hp, w.priority, -1)
             for a in reversed(allocs):
                 self.capacity.release(a)
                 self.on_node[a.node].pop(w.id, None)
@@ -442,7 +444,7 @@ class ControlPlane:
         q = self.queues[w.queue]
         hp = self.holding_by_priority
         if allocs:
-            hp[w.priority] -= 1
+            _bump(hp, w.priority, -1)
             self.holding_epoch += 1
         for a in allocs:
             self.capacity.release(a)
@@ -453,7 +455,7 @@ class ControlPlane:
 
         def undo() -> None:
             if allocs:
-                hp[w.priority] += 1
+                _bump(hp, w.priority, 1)
             for a in allocs:
                 self.capacity.allocate(a)
                 self.on_node[a.node][w.id] = None
@@ -683,6 +685,8 @@ class ControlPlane:
                     f"priority rule: {p.id} (priority {p.priority}) may not preempt"
                     f" {v.id} (priority {v.priority}); only a strictly higher priority preempts"
                 )
+        elif reason is PreemptReason.GAIN:
+            reasons += gain_violations(p, v, now)
         else:
             reasons += reclaim_violations(self.queues, p, v)
         why_not = preemptible(v, now)
@@ -754,6 +758,9 @@ class ControlPlane:
             ckpt = a.checkpointed_progress
             if ckpt is not None and not 0.0 <= ckpt <= 1.0:
                 return [f"checkpointed progress {ckpt!r} outside [0, 1]"]
+            work = a.checkpointed_work_s
+            if work is not None and not (isinstance(work, (int, float)) and 0.0 <= work < math.inf):
+                return [f"checkpointed work {work!r} is not a finite number of seconds >= 0"]
             if w.state is State.PREEMPTING:
                 target = State.PREEMPTED
             elif w.state is State.STOPPING:
@@ -766,7 +773,7 @@ class ControlPlane:
                     f"{w.id} is {w.state.value}; release is only confirmed after a stop request"
                     f" ({_trail(w)})"
                 ]
-            self._account_lost_work(txn, w, now, a.checkpointed_progress)
+            self._account_lost_work(txn, w, now, a.checkpointed_progress, work)
             err = self._transition(txn, w, target, "backend confirmed release", cause_id)
             if err:
                 return [err]
@@ -807,13 +814,20 @@ class ControlPlane:
         return []
 
     def _account_lost_work(
-        self, txn: _Txn, w: Workload, now: float, checkpointed: float | None
+        self,
+        txn: _Txn,
+        w: Workload,
+        now: float,
+        checkpointed: float | None,
+        work_s: float | None = None,
     ) -> None:
         """Keep only the work saved by checkpoints: the rest of this run is lost."""
         est = w.spec.estimated_duration
         saved = w.saved_work(now)
         if checkpointed is not None and est:
             saved = max(saved, checkpointed * est)
+        if work_s is not None:
+            saved = max(saved, float(work_s))
         self._set(txn, w, "work_done", saved)
         if est:
             self._set(txn, w, "progress", min(1.0, saved / est))
@@ -915,15 +929,15 @@ class ControlPlane:
             return []
         hp = self.holding_by_priority
         if w.placement:
-            hp[old] -= 1
-            hp[a.priority] = hp.get(a.priority, 0) + 1
+            _bump(hp, old, -1)
+            _bump(hp, a.priority, 1)
         self._set(txn, w, "priority_override", a.priority)
         txn.touched_workloads[w.id] = None
 
         def undo() -> None:
             if w.placement:
-                hp[a.priority] -= 1
-                hp[old] = hp.get(old, 0) + 1
+                _bump(hp, a.priority, -1)
+                _bump(hp, old, 1)
 
         txn.undo.append(undo)
         return []
@@ -1102,7 +1116,7 @@ class ControlPlane:
                 self.on_node.setdefault(a.node, {})[w.id] = None
                 _add(q.usage, a.res, 1)
             hp = self.holding_by_priority
-            hp[w.priority] = hp.get(w.priority, 0) + 1
+            _bump(hp, w.priority, 1)
             self.holding_epoch += 1
         self._seq = max(self._seq, w.seq)
         return problems
@@ -1124,9 +1138,7 @@ class ControlPlane:
             self.queued.pop(w.id, None)
             if w.placement and w.state in HOLDING:
                 hp = self.holding_by_priority
-                hp[w.priority] -= 1
-                if not hp[w.priority]:
-                    del hp[w.priority]
+                _bump(hp, w.priority, -1)
 
     # ============================================================== invariants
     def _check_touched(self, txn: _Txn) -> list[str]:
@@ -1268,3 +1280,14 @@ def priority_index(workloads: Mapping[str, Workload]) -> dict[int, int]:
     for w in workloads.values():
         out[w.priority] = out.get(w.priority, 0) + 1
     return out
+
+
+def _bump(counts: dict[int, int], key: int, by: int) -> None:
+    """Count ``by`` more at ``key``; a count that reaches zero is dropped, so the
+    preemption pre-check ("does anyone hold at a lower priority?") scans only live
+    priorities, not every priority ever held (fine-grained levels make many)."""
+    n = counts.get(key, 0) + by
+    if n:
+        counts[key] = n
+    else:
+        counts.pop(key, None)

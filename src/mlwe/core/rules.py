@@ -103,3 +103,30 @@ def preemptible(v: Workload, now: float) -> str | None:
     if v.spec.min_progress > 0 and v.progress < v.spec.min_progress:
         return f"under its minimum progress ({v.progress:.0%} < {v.spec.min_progress:.0%})"
     return None
+
+
+#: Preemption among equals (reason "gain"): a victim must have run this long in
+#: its current attempt, and may be preempted this way at most this many times.
+GAIN_MIN_QUANTUM_S = 600.0
+GAIN_MAX_PREEMPTIONS = 6
+
+
+def gain_violations(p: Workload, v: Workload, now: float) -> list[str]:
+    """Why ``p`` may not preempt ``v`` among equals (empty: it may)."""
+    out = []
+    if p.priority != v.priority:
+        out.append(
+            f"gain: {p.id} (priority {p.priority}) and {v.id} (priority {v.priority}) are not"
+            " equals; a higher priority preempts by rule 'priority'"
+        )
+    if v.runtime(now) < GAIN_MIN_QUANTUM_S:
+        out.append(
+            f"gain: {v.id} has run {v.runtime(now):.0f}s of its minimum quantum"
+            f" {GAIN_MIN_QUANTUM_S:.0f}s"
+        )
+    if v.preemptions >= GAIN_MAX_PREEMPTIONS:
+        out.append(
+            f"gain: {v.id} was already preempted {v.preemptions} times"
+            f" (bound {GAIN_MAX_PREEMPTIONS})"
+        )
+    return out

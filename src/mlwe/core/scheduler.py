@@ -15,6 +15,7 @@ from mlwe.core.actions import Action, Place, Preempt
 from mlwe.core.capacity import FULL, CapacityIndex, ReplicaAlloc, Shape
 from mlwe.core.controlplane import ApplyResult, ControlPlane
 from mlwe.core.decisions import DecisionRecord, digest
+from mlwe.core.estimator import RuntimeEstimator
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import (
@@ -24,9 +25,20 @@ from mlwe.core.policies.deadline import (
     deadline_admission,
     project_start,
 )
-from mlwe.core.policies.ordering import OrderingPolicy, PriorityDeadlineFairShare, slack
+from mlwe.core.policies.ordering import (
+    OrderingPolicy,
+    PriorityDeadlineFairShare,
+    SizeAware,
+    attained,
+    slack,
+)
 from mlwe.core.policies.placement import BestFit, PlacementPolicy
-from mlwe.core.policies.preemption import CheapestVictims, PreemptionPolicy, describe_choice
+from mlwe.core.policies.preemption import (
+    CheapestVictims,
+    PreemptionPolicy,
+    VictimChoice,
+    describe_choice,
+)
 from mlwe.core.resources import format_duration, format_gpu
 from mlwe.core.rules import quota_verdict
 from mlwe.core.spec import NodeStatus, WorkloadSpec
@@ -46,6 +58,21 @@ class SchedulerConfig:
     #: next cycle (each is a scan of candidate nodes; a full cluster of
     #: equal-priority work would otherwise make every cycle scan it for each job).
     max_failed_preemption_searches: int = 16
+    #: preemption among equals (reason "gain") when the expected gain exceeds the
+    #: cost, judged on the scheduler's estimator (off without one)
+    gain_preemption: bool = False
+    #: gain searches per cycle (each scans candidate nodes); the first blocked
+    #: workloads in order are the ones that gain most
+    max_gain_searches: int = 4
+    #: a victim must be expected to run this many times longer than the preemptor
+    gain_ratio: float = 2.0
+    #: expected run time of work nothing is known about (no history, no user
+    #: estimate), in gain decisions only: LAS's prior
+    gain_prior_s: float = 600.0
+    #: evict an equal now only if its GPUs x the work it would lose is at most
+    #: this share of the preemptor's GPUs x the time to the victim's next
+    #: checkpoint; otherwise the scheduler wakes then and looks again
+    gain_wait_share: float = 0.25
 
 
 @dataclass(slots=True)
@@ -63,6 +90,8 @@ class Plan:
     pending: dict[str, str] = field(default_factory=dict)
     reservation: Reservation | None = None
     considered: int = 0
+    #: workloads not examined because nothing further could start
+    stopped_early: int = 0
 
 
 def _shape_text(shape: Shape, replicas: int, model: str | None) -> str:
@@ -85,7 +114,10 @@ class Scheduler:
         preemption: PreemptionPolicy | None = None,
         config: SchedulerConfig | None = None,
         name: str = "mlwe-default",
+        estimator: RuntimeEstimator | None = None,
     ) -> None:
+        #: learned run times (None: the policy uses only what users declare)
+        self.estimator = estimator
         self.ordering = ordering or PriorityDeadlineFairShare()
         self.placement = placement or BestFit()
         self.preemption = preemption or CheapestVictims()
@@ -97,6 +129,8 @@ class Scheduler:
         self._nominated: dict[str, frozenset[str]] = {}
         self._shapes: dict[str, tuple[int, WorkloadSpec, tuple[str, ...], Shape]] = {}
         self._reservation_cache: tuple[str, int, float, Reservation | None] | None = None
+        #: the next moment a deferred preemption among equals becomes cheap
+        self._wake_at = INF
 
     # ------------------------------------------------------------------ helpers
     def models_for(self, cp: ControlPlane, w: Workload) -> tuple[str, ...]:
@@ -137,16 +171,38 @@ class Scheduler:
             if other.id == w.id:
                 break
             ahead.append(other)
-        return deadline_admission(cp, w, ahead, default_estimate_s=self.config.default_estimate_s)
+        return deadline_admission(
+            cp, w, ahead, default_estimate_s=self.config.default_estimate_s,
+            remaining=self.remaining if self.estimator is not None else None,
+        )
 
     # ------------------------------------------------------------------ hooks
     def prepare(self, cp: ControlPlane) -> list[Action]:
         """Actions to apply before a cycle (e.g. LAS demotions); none by default."""
         return []
 
+    def next_wakeup(self, cp: ControlPlane) -> float | None:
+        """When the scheduler wants a cycle by time alone: the next checkpoint of a
+        victim it chose to wait for (None: no such moment)."""
+        now = cp.now()
+        if self._wake_at <= now:
+            self._wake_at = INF
+        return None if self._wake_at == INF else self._wake_at
+
     # --------------------------------------------------------------------- plan
+    def remaining(self, w: Workload, now: float) -> float | None:
+        """Expected seconds of work left: the user's estimate, else the learned one."""
+        rem = w.remaining_estimate(now)
+        if rem is None and self.estimator is not None:
+            est = self.estimator.estimate(w, attained(w, now))
+            if est is not None:
+                rem = est.remaining_s
+        return rem
+
     def plan(self, cp: ControlPlane, cause_id: str | None = None) -> Plan:
         plan = Plan(version=cp.version)
+        if self.estimator is not None:
+            self.estimator.attach(cp)
         queued = cp.queued_workloads()
         if not queued:
             return plan
@@ -159,6 +215,24 @@ class Scheduler:
         taken: set[str] = set()
         no_victims: set[tuple[Shape, int, int, str, bool]] = set()
         failed_searches = 0
+        # the cycle stops once nothing further can start: no free GPU anywhere, no
+        # CPU-only work waiting, and no preemption possible (nobody waiting ranks
+        # above the lowest holder; no cohort that could reclaim quota)
+        can_stop = (
+            bool(order)
+            and all(w.spec.resources.gpu for w in order)
+            and not any(q.cohort for q in cp.queues.values())
+            and (
+                not cfg.preemption
+                or max(w.priority for w in order)
+                <= min(cp.holding_by_priority, default=1 << 62)
+            )
+        )
+        # shapes that did not fit this cycle: a larger one of the same models cannot
+        # fit either (capacity only shrinks within a cycle)
+        dominated: list[tuple[tuple[str, ...], int, int, int, int, bool]] = []
+        gain_on = cfg.gain_preemption and cfg.preemption and self.estimator is not None
+        gain_searches = 0
         reservation: Reservation | None = None
         head: Workload | None = None  # the first blocked workload: backfill must not delay it
         projected = False
@@ -180,10 +254,19 @@ class Scheduler:
                 continue
             replicas = w.spec.replicas
             exclude: frozenset[str] = frozenset()
-            if reservation is not None and not _ends_before(w, now, reservation.start):
+            if reservation is not None and not self._ends_before(w, now, reservation.start):
                 exclude = reservation.nodes
             key = (shape, replicas, bool(exclude))
             allocs = None
+            if key not in failed and dominated and shape.gpu:
+                for dm, dg, dc, dr, dn, dx in dominated:
+                    if (
+                        dm == shape.models and dx == bool(exclude) and shape.gpu >= dg
+                        and shape.cpu >= dc and shape.ram >= dr and replicas >= dn
+                        and not shape.selector and not shape.vram
+                    ):
+                        failed.add(key)
+                        break
             if key not in failed:
                 allocs = self.placement.place(fork, shape, replicas, exclude)
                 if allocs is not None and head is not None and not projected:
@@ -196,12 +279,17 @@ class Scheduler:
                     if reservation is not None:
                         nodes = ", ".join(sorted(reservation.nodes))
                         plan.pending[head.id] += f"; holds a reservation on {nodes}"
-                        if not _ends_before(w, now, reservation.start):
+                        if not self._ends_before(w, now, reservation.start):
                             exclude = reservation.nodes
                     key = (shape, replicas, bool(exclude))
                     allocs = self.placement.place(fork, shape, replicas, exclude)
                 if allocs is None:
                     failed.add(key)
+                    if shape.gpu and not shape.selector and not shape.vram:
+                        dominated.append(
+                            (shape.models, shape.gpu, shape.cpu, shape.ram, replicas,
+                             bool(exclude))
+                        )
             if allocs is not None:
                 req = _sum(allocs)
                 qreasons, borrowing = quota_verdict(cp.queues, usage, w.queue, req)
@@ -221,6 +309,17 @@ class Scheduler:
                 )
                 continue
             # it does not fit now: preempt, or wait (and maybe hold a reservation)
+            if (
+                can_stop
+                and (not gain_on or gain_searches >= cfg.max_gain_searches)
+                and not fork.has_free_gpu()
+            ):
+                plan.pending[w.id] = self._why_waiting(w, shape, models, exclude, reservation)
+                for rest in order[rank + 1 :]:
+                    if not rest.pending_reason:
+                        plan.pending[rest.id] = "no room: no free GPU in the cluster"
+                plan.stopped_early = n - rank - 1
+                break
             if cfg.preemption and head is not None and not projected:
                 # preempting past the blocked head must respect its reservation too
                 reservation = self._reserve(cp, head, fork, now, dirty)
@@ -228,7 +327,7 @@ class Scheduler:
                 if reservation is not None:
                     nodes = ", ".join(sorted(reservation.nodes))
                     plan.pending[head.id] += f"; holds a reservation on {nodes}"
-                    if not _ends_before(w, now, reservation.start):
+                    if not self._ends_before(w, now, reservation.start):
                         exclude = reservation.nodes
             pkey = (shape, replicas, w.priority, w.queue, bool(exclude))
             if (
@@ -268,6 +367,35 @@ class Scheduler:
                             f"preempting {len(choice.victims)} workload(s); placed once released"
                         )
                         continue
+            if gain_on and gain_searches < cfg.max_gain_searches:
+                gain_searches += 1
+                got = self._gain_choice(cp, fork, w, shape, taken, exclude, now)
+                if got is not None:
+                    choice, gain, cost, why_gain = got
+                    for v, why in choice.victims:
+                        plan.actions.append(Preempt(v.id, w.id, why))
+                        taken.add(v.id)
+                    planned = frozenset(a.node for a in choice.allocs)
+                    self._nominated[w.id] = planned
+                    _hold(fork, planned, cp, [v.id for v, _ in choice.victims])
+                    plan.decisions.append(
+                        DecisionRecord(
+                            kind="preempt",
+                            workload=w.id,
+                            policy=f"{self.name}/{self.preemption.name}+gain",
+                            chosen="evict " + ", ".join(v.id for v, _ in choice.victims),
+                            reasons=(why_gain, *describe_choice(w, choice, cp)),
+                            candidates=choice.alternatives,
+                            inputs_digest=digest(cp.version, w.id, shape, sorted(taken)),
+                            cause_id=cause_id,
+                            extra={"gain_gpu_s": round(gain, 3), "cost_gpu_s": round(cost, 3)},
+                        )
+                    )
+                    plan.pending[w.id] = (
+                        f"preempting {len(choice.victims)} equal-priority workload(s) for a"
+                        " shorter expected run; placed once released"
+                    )
+                    continue
             plan.pending[w.id] = self._why_waiting(w, shape, models, exclude, reservation)
             if cfg.strict_order:
                 for rest in order[rank + 1 :]:
@@ -303,12 +431,96 @@ class Scheduler:
             fork=fork,
             default_estimate_s=self.config.default_estimate_s,
             placement=self.placement,
+            remaining=self.remaining if self.estimator is not None else None,
         )
         res = None
         if proj.start < INF:
             res = Reservation(w.id, proj.start, frozenset(a.node for a in proj.allocs))
         self._reservation_cache = (w.id, cp.holding_epoch, proj.start, res)
         return res
+
+    def _gain_choice(
+        self,
+        cp: ControlPlane,
+        fork: CapacityIndex,
+        w: Workload,
+        shape: Shape,
+        taken: set[str],
+        exclude: frozenset[str],
+        now: float,
+    ) -> tuple[VictimChoice, float, float, str] | None:
+        """Victims of ``w``'s own priority worth evicting for it, or None.
+
+        A victim qualifies when it is expected to run ``gain_ratio`` times longer
+        than ``w`` and longer than ``w`` plus what evicting it costs (work since
+        its last checkpoint, its restore, its checkpoint pause); the core adds the
+        minimum quantum and the bound on preemptions. The set is taken only if the
+        expected gain, in GPU-seconds (each victim's GPUs x the time by which ``w``
+        is shorter), exceeds the cost (each victim's GPUs x its cost, plus a gang
+        penalty for each broken gang)."""
+        ratio = self.config.gain_ratio
+        quantum = self.config.gain_prior_s
+
+        def expect(x: Workload) -> float:
+            # learned (or the user's) remaining time; with neither, the heavy-tail
+            # prior of least-attained-service: as long again as it has run, and at
+            # least a quantum
+            r = self.remaining(x, now)
+            return r if r is not None else max(attained(x, now), quantum)
+
+        r_p = expect(w)
+
+        def cost_of(v: Workload) -> float:
+            return v.work_at_risk(now) + v.spec.restart_cost + v.spec.checkpoint_cost
+
+        g_p = max(w.gpus(), 1e-3)
+        share = self.config.gain_wait_share
+
+        def worth(v: Workload) -> bool:
+            r_v = expect(v)
+            if not (r_v >= ratio * r_p and r_v > r_p + cost_of(v)):
+                return False
+            iv = v.spec.checkpoint_interval
+            if iv:
+                # evict now, losing the work since its last checkpoint, or wait for
+                # its next one (delaying the preemptor): now only if the loss is
+                # small against the wait
+                since = v.work_at_risk(now)
+                wait = max(0.0, iv + v.spec.checkpoint_cost - since)
+                if max(v.gpus(), 1e-3) * since > share * g_p * wait:
+                    self._wake_at = min(self._wake_at, now + wait + 1e-6)
+                    return False
+            return True
+
+        select = getattr(self.preemption, "select", None)
+        if select is None:
+            return None
+        try:
+            choice = select(cp, fork, w, shape, taken, exclude, equals=worth)
+        except TypeError:
+            return None  # a victim policy that knows no "equals"
+        if choice is None:
+            return None
+        gain = cost = 0.0
+        for v, _ in choice.victims:
+            r_v = expect(v)
+            g = max(v.gpus(), 1e-3)
+            gain += g * (r_v - r_p)
+            cost += g * cost_of(v) + (3600.0 if v.spec.replicas > 1 else 0.0)
+        if gain <= cost:
+            return None
+        why = (
+            f"preemption among equals: expected gain {gain / 3600:.2f} GPU-h > cost"
+            f" {cost / 3600:.2f} GPU-h ({w.id} expects {format_duration(r_p)} left)"
+        )
+        return choice, gain, cost, why
+
+    def _ends_before(self, w: Workload, now: float, t: float) -> bool:
+        """Whether ``w`` is expected to be done by ``t`` (backfill may then use the
+        reserved nodes): by the user's estimate, else the learned one; never for
+        work nobody can estimate."""
+        rem = self.remaining(w, now)
+        return rem is not None and now + rem <= t
 
     def _why_waiting(
         self,
@@ -348,6 +560,9 @@ class Scheduler:
         if s != INF:
             order_why += f", slack {format_duration(s)}"
         why.append(order_why + ")")
+        explain = getattr(self.ordering, "explain", None)
+        if explain is not None:
+            why.append(f"ranked by {explain(w, now)}")
         if shape.gpu:
             left = cp.capacity.whole_free_gpus(nodes[0]) - (
                 sum(len(a.devices) for a in allocs if a.node == nodes[0])
@@ -398,9 +613,6 @@ def _hold(
             fork.set_status(node, NodeStatus.CORDONED)
 
 
-def _ends_before(w: Workload, now: float, t: float) -> bool:
-    rem = w.remaining_estimate(now)
-    return rem is not None and now + rem <= t
 
 
 def _sum(allocs: Sequence[ReplicaAlloc]) -> list[int]:
@@ -412,3 +624,15 @@ def _sum(allocs: Sequence[ReplicaAlloc]) -> list[int]:
         out[2] += r.cpu
         out[3] += r.ram
     return out
+
+
+def default_scheduler(name: str = "mlwe-default") -> Scheduler:
+    """The engine's default policy (the replays' "mlwe"): run times learned from
+    completed workloads (seeded from what the control plane holds, so a
+    recovered store's history counts), size-aware ordering within a priority,
+    preemption among equals when the expected gain exceeds the cost."""
+    est = RuntimeEstimator()
+    return Scheduler(
+        ordering=SizeAware(est), estimator=est, name=name,
+        config=SchedulerConfig(gain_preemption=True),
+    )

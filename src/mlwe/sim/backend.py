@@ -58,6 +58,8 @@ class SimBackendConfig:
     failure_prob: float = 0.0  # per attempt
     telemetry_interval_s: float | None = None
     seed: int = 0
+    #: the "free" checkpoint model: a stop loses no work and releases at once
+    free_preemption: bool = False
 
 
 @dataclass
@@ -169,6 +171,8 @@ class SimBackend:
         """True work that survives stopping ``run`` now (periodic checkpoints only)."""
         spec = run.spec
         elapsed = max(0.0, now - run.t_start - run.overhead)
+        if self.config.free_preemption:
+            return min(self.durations[run.workload], run.base_work + elapsed)
         iv = spec.checkpoint_interval
         if not iv:
             return run.base_work
@@ -194,7 +198,7 @@ class SimBackend:
             # never started here, or already gone: nothing holds the resources
             k.at(k.clock.t, self._emit_cb, Released(c.workload, c.attempt))
             return
-        delay = min(self.config.eviction_delay_s, c.grace_s)
+        delay = 0.0 if self.config.free_preemption else min(self.config.eviction_delay_s, c.grace_s)
         k.at(k.clock.t + delay, self._release, (c.workload, c.attempt))
 
     def _release(self, arg: tuple[str, int]) -> None:
@@ -204,7 +208,12 @@ class SimBackend:
         saved = self._end(run)
         est = run.spec.estimated_duration
         frac = min(1.0, saved / est) if est else None
-        self._emit(Released(run.workload, run.attempt, checkpointed_progress=frac))
+        # under free preemption the backend says how much work survives (the core
+        # cannot derive it from a checkpoint interval)
+        work = saved if self.config.free_preemption else None
+        self._emit(
+            Released(run.workload, run.attempt, checkpointed_progress=frac, checkpointed_work_s=work)
+        )
 
     # -------------------------------------------------------------- node faults
     def fail_node(self, t: float, node: str, down_for: float | None = None) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,9 @@ from mlwe.core.actions import Action, SetPriority
 from mlwe.core.controlplane import ControlPlane
 from mlwe.core.lifecycle import HOLDING, QUEUED, State, Transition
 from mlwe.core.model import Queue, Workload
-from mlwe.core.scheduler import Scheduler, SchedulerConfig
+from mlwe.core.policies.preemption import LowestPriorityVictims
+from mlwe.core.scheduler import Scheduler, SchedulerConfig, default_scheduler
+from mlwe.sim.checkpoint import FREE_PREEMPTION, CheckpointModel
 
 INF = math.inf
 
@@ -48,10 +50,18 @@ INF = math.inf
 LEVEL_TOP = 1000
 _MAX_LEVEL = 999
 
-#: Tiresias defaults: one threshold, i.e. two queues. 3,250 GPU-seconds is the
-#: first queue limit of the authors' public simulator (SymbioticLab/Tiresias,
-#: simulator/jobs.py: ``queue_limit = [3250, 7200, 18000]``).
-TIRESIAS_THRESHOLDS_GPU_S: tuple[float, ...] = (3250.0,)
+#: Tiresias defaults: the authors' public simulator (SymbioticLab/Tiresias,
+#: ``dlas-gpu``) runs three queues, i.e. two thresholds, at 3,250 and 7,200
+#: GPU-seconds (simulator/jobs.py: ``queue_limit = [3250, 7200, 18000]``, of
+#: which a 3-queue run uses the first two).
+TIRESIAS_THRESHOLDS_GPU_S: tuple[float, ...] = (3250.0, 7200.0)
+
+#: Effective priority of the best fine level, for policies that rank by an exact
+#: quantity (srtf-free): level k gets FINE_TOP - k, k < FINE_TOP.
+FINE_TOP = 100_000
+#: fine levels per doubling of remaining time: neighbouring levels differ by
+#: 0.07% (70 s at 28 h); finer would re-rank running jobs at nearly every cycle
+FINE_PER_OCTAVE = 1000
 
 _RUNNING = (State.RUNNING, State.PREEMPTING)  # the process runs (attained service grows)
 _DONE = (State.SUCCEEDED, State.CANCELLED)
@@ -124,14 +134,26 @@ class _OracleRemainingFirst:
 
 
 class _LevelFifo:
-    """Effective priority (the queue level), then arrival: FIFO within a queue."""
+    """Effective priority (the queue level), then the moment the job entered that
+    queue (arrival for queue 0, demotion for the others), then arrival: FIFO
+    within a queue, as the authors' simulator appends a demoted job to the end of
+    the next queue."""
 
     name = "las-queue-fifo"
+
+    def __init__(self, entered: Mapping[str, tuple[int, float]] | None = None) -> None:
+        self.entered = entered if entered is not None else {}
 
     def order(
         self, queued: Sequence[Workload], queues: Mapping[str, Queue], total_gpu: int, now: float
     ) -> list[Workload]:
-        return sorted(queued, key=lambda w: (-w.priority, w.seq))
+        entered = self.entered
+
+        def key(w: Workload) -> tuple[int, float, int]:
+            e = entered.get(w.id)
+            return (-w.priority, e[1] if e is not None and e[0] == w.priority else -INF, w.seq)
+
+        return sorted(queued, key=key)
 
 
 # --------------------------------------------------- priority-level policies
@@ -145,9 +167,20 @@ class _LevelScheduler(Scheduler):
     (``next_change``), so a cycle costs what changed, not what is live.
     """
 
+    #: set by policies whose semantics include the checkpoint model (the "-free" ones)
+    checkpoint_model: CheckpointModel | None = None
+    #: effective priority of level 0, and the last level
+    top = LEVEL_TOP
+    max_level = _MAX_LEVEL
+    #: recompute every running workload's level before each cycle (a level that
+    #: follows remaining time exactly changes continuously while it runs)
+    refresh_running = False
+
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self._cp: ControlPlane | None = None
+        #: id -> (effective priority, time it entered that level): FIFO within a level
+        self.entered: dict[str, tuple[int, float]] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -155,6 +188,8 @@ class _LevelScheduler(Scheduler):
         self._due: list[tuple[float, int, str]] = []  # (time a level changes, generation, id)
         self._gen: dict[str, int] = {}
         self._want: dict[str, tuple[int, int]] = {}  # id -> (priority, level) to propose
+        self._running: dict[str, None] = {}
+        self.entered.clear()
 
     # ------------------------------------------------------------- subclass API
     def level(self, w: Workload, now: float) -> int:
@@ -183,6 +218,10 @@ class _LevelScheduler(Scheduler):
         def seen(w: Workload, tr: Transition) -> None:
             if self._cp is cp:
                 self._stale[w.id] = None
+                if tr.target in _RUNNING:
+                    self._running[w.id] = None
+                else:
+                    self._running.pop(w.id, None)
 
         cp.listeners.append(seen)
 
@@ -195,21 +234,49 @@ class _LevelScheduler(Scheduler):
             _, gen, wid = heapq.heappop(due)
             if gens.get(wid) == gen:
                 self._stale[wid] = None
-        if not self._stale:
-            return
-        stale, self._stale = self._stale, {}
+        if self._stale:
+            stale, self._stale = self._stale, {}
+            self._relevel(cp, stale, now)
+        if self.refresh_running and self._running:
+            # a running level only improves with time, so it matters only where a
+            # waiting workload ranks above its recorded priority: refresh those
+            hi = -1
+            want = self._want
+            for q in cp.queued_workloads():
+                got = want.get(q.id)
+                hi = max(hi, got[0] if got is not None else q.priority)
+            workloads = cp.workloads
+            lagging = [
+                wid for wid in self._running
+                if wid in workloads and workloads[wid].priority < hi
+            ]
+            if lagging:
+                self._relevel(cp, lagging, now)
+
+    def _relevel(self, cp: ControlPlane, stale: Iterable[str], now: float) -> None:
+        gens = self._gen
+        due = self._due
         workloads = cp.workloads
+        entered = self.entered
+        top = self.top
         for wid in stale:
             w = workloads.get(wid)
             if w is None or w.state in _DONE:
                 gens.pop(wid, None)
                 self._want.pop(wid, None)
+                entered.pop(wid, None)
                 self.forget(wid)
                 continue
             if w.state not in QUEUED and w.state not in HOLDING:
                 continue  # failed, waiting for a retry: its level is set when it requeues
-            lvl = min(_MAX_LEVEL, max(0, self.level(w, now)))
-            self._want[wid] = (LEVEL_TOP - lvl, lvl)
+            lvl = min(self.max_level, max(0, self.level(w, now)))
+            prio = top - lvl
+            e = entered.get(wid)
+            if e is None:
+                entered[wid] = (prio, w.submit_time)
+            elif e[0] != prio:
+                entered[wid] = (prio, now)
+            self._want[wid] = (prio, lvl)
             gen = gens[wid] = gens.get(wid, 0) + 1
             t = self.next_change(w, now)
             if t is not None and t < INF:
@@ -248,13 +315,26 @@ def power_of_two_level(seconds: float) -> int:
 class OracleSrtf(_LevelScheduler):
     """Preemptive SRTF on oracle remaining time, discretised to powers of two."""
 
-    def __init__(self, durations: Mapping[str, float]) -> None:
+    def __init__(self, durations: Mapping[str, float], *, exact: bool = False) -> None:
         self.durations = durations
+        #: exact: levels follow remaining time to 0.0017% (srtf-free) instead of
+        #: powers of two
+        self.exact = exact
+        if exact:
+            self.top = FINE_TOP
+            self.max_level = FINE_TOP - 1
+            self.refresh_running = True
         super().__init__(
             ordering=_OracleRemainingFirst(self.remaining),
-            config=SchedulerConfig(preemption=True, backfill=False),
-            name="srtf",
+            config=SchedulerConfig(
+                preemption=True, backfill=False,
+                max_failed_preemption_searches=256 if exact else 16,
+            ),
+            preemption=LowestPriorityVictims() if exact else None,
+            name="srtf-free" if exact else "srtf",
         )
+        if exact:
+            self.checkpoint_model = FREE_PREEMPTION
 
     def _overhead_end(self, w: Workload) -> float | None:
         """When the current run's useful work starts (after a resumed run's restart
@@ -274,9 +354,15 @@ class OracleSrtf(_LevelScheduler):
 
     def level(self, w: Workload, now: float) -> int:
         rem = self.remaining(w, now)
+        if self.exact:
+            if rem == INF:
+                return self.max_level
+            return min(self.max_level, int(math.log2(1.0 + rem) * FINE_PER_OCTAVE))
         return _MAX_LEVEL if rem == INF else power_of_two_level(rem)
 
     def next_change(self, w: Workload, now: float) -> float | None:
+        if self.exact:
+            return None  # running levels are refreshed before every cycle
         t0 = self._overhead_end(w)
         if t0 is None:
             return None  # waiting: its remaining time does not change
@@ -287,6 +373,8 @@ class OracleSrtf(_LevelScheduler):
         return max(now, t0) + rem - 2.0 ** (lvl - 1)
 
     def reason(self, level: int) -> str:
+        if self.exact:
+            return f"srtf-free: oracle remaining time ~{2.0 ** (level / FINE_PER_OCTAVE) - 1:.0f} s"
         if not level:
             return "srtf: oracle remaining time <= 1 s"
         return f"srtf: oracle remaining time in (2^{level - 1}, 2^{level}] s"
@@ -314,6 +402,7 @@ class Tiresias(_LevelScheduler):
         self,
         thresholds_gpu_s: Sequence[float] = TIRESIAS_THRESHOLDS_GPU_S,
         promote_knob: float = 0.0,
+        free: bool = False,
     ) -> None:
         th = tuple(float(x) for x in thresholds_gpu_s)
         if any(x <= 0 for x in th) or list(th) != sorted(set(th)):
@@ -329,10 +418,16 @@ class Tiresias(_LevelScheduler):
         self._svc: dict[str, _Service] = {}
         self.promotions = 0
         super().__init__(
-            ordering=_LevelFifo(),
-            config=SchedulerConfig(preemption=True, backfill=False),
-            name="tiresias",
+            config=SchedulerConfig(
+                preemption=True, backfill=False,
+                max_failed_preemption_searches=256 if free else 16,
+            ),
+            preemption=LowestPriorityVictims() if free else None,
+            name="tiresias-free" if free else "tiresias",
         )
+        self.ordering = _LevelFifo(self.entered)
+        if free:
+            self.checkpoint_model = FREE_PREEMPTION
 
     # ------------------------------------------------------------ bookkeeping
     def _service(self, w: Workload) -> _Service:
@@ -422,9 +517,16 @@ class Tiresias(_LevelScheduler):
 
 # ---------------------------------------------------------------- factories
 def mlwe_default(durations: Mapping[str, float]) -> Scheduler:
-    """mlwe's default: priority, deadline slack, fair share, arrival; best fit; cheapest
-    minimal preemption; EASY backfill. Uses only user estimates, never true durations."""
-    return Scheduler(name="mlwe")
+    """mlwe's default: run times learned online from completed jobs only (never true
+    durations; mlwe.core.estimator), size-aware within a priority: feasible urgent
+    deadlines first by slack, then the Gittins index of the learned service
+    distribution per GPU (LAS where no history exists), aged so nothing starves,
+    then arrival (mlwe.core.policies.ordering.SizeAware); preemption among equals when the
+    expected gain exceeds the cost (see SchedulerConfig.gain_*); best fit;
+    cheapest minimal preemption of strictly lower priorities; EASY backfill whose
+    reservation lets through work expected (by user or learned estimate) to end
+    before it."""
+    return default_scheduler(name="mlwe")
 
 
 def fifo_strict(durations: Mapping[str, float]) -> Scheduler:
@@ -472,6 +574,22 @@ def srtf_oracle(durations: Mapping[str, float]) -> Scheduler:
     return OracleSrtf(durations)
 
 
+def srtf_free(durations: Mapping[str, float]) -> Scheduler:
+    """SRTF as the Tiresias authors' simulator runs it (``shortest``; oracle
+    remaining time), with free, instant preemption: remaining = TRUE duration minus
+    the work done; effective priority 100,000 - level with level =
+    int(1000 x log2(1 + remaining s)), i.e. remaining time to 0.07%, recomputed
+    before each cycle for every running job ranked below a waiting one
+    (SetPriority). A queued job preempts any
+    running job with more remaining time; the victims are the running jobs with the
+    most remaining time (last in the order), as the authors' simulator evicts the
+    jobs that fall out of the greedy allocation. Always runs under the "free"
+    checkpoint model whatever the replay's setting: no work lost, no eviction
+    delay, no restore cost. Queue order: remaining time, then arrival; greedy
+    backfill. Ignores user estimates and static priorities."""
+    return OracleSrtf(durations, exact=True)
+
+
 def tiresias(
     durations: Mapping[str, float],
     *,
@@ -480,20 +598,38 @@ def tiresias(
 ) -> Scheduler:
     """Tiresias discretised 2D-LAS (NSDI'19), no duration knowledge: attained service
     = GPUs x executed seconds (time RUNNING or PREEMPTING, summed over all attempts).
-    K = len(thresholds)+1 queues; default one threshold at 3250 GPU-s (2 queues; the
-    first queue limit of the authors' public simulator), configurable with
-    thresholds_gpu_s=. A job enters queue 0 and moves down one queue each time its
+    K = len(thresholds)+1 queues; default thresholds 3250 and 7200 GPU-s (3 queues,
+    as the authors' public simulator), configurable with thresholds_gpu_s=. A job enters queue 0 and moves down one queue each time its
     attained service crosses a threshold, at that exact moment (the policy asks the
     simulator for a wakeup then); prepare() sets effective priority 1000 - queue
     (SetPriority). A queued job preempts running jobs in later (lower-priority)
     queues (the core's cheapest minimal victim set; victims checkpoint and resume
-    from their last checkpoint, the simulator's normal cost); within a queue, FIFO
-    by arrival and no preemption; greedy backfill. Starvation promotion
+    from their last checkpoint under the replay's checkpoint model); within a
+    queue, FIFO by the time the job entered it (arrival, or demotion) and no
+    preemption; greedy backfill. Starvation promotion
     (STARVELIMIT) is OFF by default, as in the authors' simulator; promote_knob=k > 0
     moves a waiting job back to queue 0 once the time it has waited, after running
     since its last promotion, reaches k x the time it ran since then; its attained
     service then restarts from 0. Ignores user estimates and static priorities."""
     return Tiresias(thresholds_gpu_s=thresholds_gpu_s, promote_knob=promote_knob)
+
+
+def tiresias_free(
+    durations: Mapping[str, float],
+    *,
+    thresholds_gpu_s: Sequence[float] = TIRESIAS_THRESHOLDS_GPU_S,
+    promote_knob: float = 0.0,
+) -> Scheduler:
+    """Tiresias as its authors simulate it (SymbioticLab/Tiresias ``dlas-gpu``):
+    the same discretised 2D-LAS as "tiresias" (3 queues, thresholds 3250 and 7200
+    GPU-s, FIFO by queue entry within a queue, greedy backfill, no duration
+    knowledge) but with free, instant preemption: it always runs under the "free"
+    checkpoint model whatever the replay's setting (no work lost, no eviction
+    delay, no restore cost), and the victims are the running jobs last in the
+    order (latest queue, then latest arrival), as the authors' simulator evicts the
+    jobs that fall out of its greedy allocation. For reproducing the authors'
+    figures; compare mlwe with the checkpoint-costed "tiresias"."""
+    return Tiresias(thresholds_gpu_s=thresholds_gpu_s, promote_knob=promote_knob, free=True)
 
 
 def edf(durations: Mapping[str, float]) -> Scheduler:
@@ -529,13 +665,23 @@ POLICIES: dict[str, PolicyFactory] = {
     "fifo-backfill": fifo_backfill,
     "sjf": sjf_oracle,
     "srtf": srtf_oracle,
+    "srtf-free": srtf_free,
     "tiresias": tiresias,
+    "tiresias-free": tiresias_free,
     "edf": edf,
     "priority": strict_priority,
 }
 
 #: Policies that read the true durations (oracles, labelled so in their semantics).
-ORACLE_POLICIES: frozenset[str] = frozenset({"sjf", "srtf"})
+ORACLE_POLICIES: frozenset[str] = frozenset({"sjf", "srtf", "srtf-free"})
+
+#: Where each policy puts a job's replicas (the same placement plug-in for all of
+#: them: on a pooled cluster it makes no difference; on nodes it is not the
+#: first-fit of some peers' simulators, which explains their differences there).
+POLICY_PLACEMENT: dict[str, str] = {
+    name: "best-fit (node with the fewest whole GPUs left free; mlwe.core BestFit)"
+    for name in POLICIES
+}
 
 POLICY_SEMANTICS: dict[str, str] = {name: (f.__doc__ or "").strip() for name, f in POLICIES.items()}
 

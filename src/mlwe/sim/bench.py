@@ -30,6 +30,7 @@ from mlwe.core import (
     WorkloadSpec,
     build_control_plane,
 )
+from mlwe.core.scheduler import default_scheduler
 
 GPU_MODELS = ("A100-80GB", "H100-80GB", "A100-40GB", "V100-32GB", "T4")
 MODEL_WEIGHTS = (0.35, 0.2, 0.15, 0.15, 0.15)
@@ -99,13 +100,19 @@ def bench_core(
     seed: int = 0,
     preemptions: int = 200,
     latency_samples: int = 500,
+    policy: str = "mlwe",
 ) -> dict[str, Any]:
+    """``policy``: "mlwe" (the replays' default: learned estimates, size-aware
+    order, preemption among equals) or "classic" (Scheduler(): priority, deadline,
+    fair share)."""
+    if policy not in ("mlwe", "classic"):
+        raise ValueError(f"policy {policy!r}: expected 'mlwe' or 'classic'")
     rng = random.Random(seed)
     clock = ManualClock(0.0)
     t0 = time.perf_counter()
     cp = build_control_plane(synthetic_cluster(nodes, gpus_per_node, seed), clock)
     build_s = time.perf_counter() - t0
-    sched = Scheduler()
+    sched = default_scheduler() if policy == "mlwe" else Scheduler()
     # running work, low priority, placed through the scheduler and started
     if running:
         cp.apply([Submit(synthetic_job(rng, i, rng.choice([10, 20]), "r")) for i in range(running)])
@@ -186,6 +193,7 @@ def bench_core(
     problems = cp.validate_state()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = {
+        "policy": policy,
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,
         "workloads": len(cp.workloads),

@@ -406,6 +406,7 @@ class Metrics:
             "p99_jct_s": _r(percentile(jct, 0.99)),
             "avg_queue_delay_s": round(sum(wait) / len(wait), 3) if wait else None,
             "p99_queue_delay_s": _r(percentile(wait, 0.99)),
+            "max_queue_delay_s": round(max(wait), 3) if wait else None,
             "makespan_s": round(makespan, 3),
             "gpu_util": round(self._area / (self.total_gpus * span), 6) if self.total_gpus else None,
             "deadline_jobs": len(with_dl),

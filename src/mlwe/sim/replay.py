@@ -11,9 +11,11 @@ from mlwe.core.actions import Submit
 from mlwe.core.cluster import build_control_plane
 from mlwe.core.controlplane import ControlPlane
 from mlwe.core.decisions import DecisionRecord
+from mlwe.core.estimator import RuntimeEstimator
 from mlwe.core.reconcile import Reconciler
 from mlwe.sim.backend import SimBackend, SimBackendConfig
-from mlwe.sim.baselines import POLICY_SEMANTICS, make_policy
+from mlwe.sim.baselines import POLICY_PLACEMENT, POLICY_SEMANTICS, make_policy
+from mlwe.sim.checkpoint import DEFAULT_CHECKPOINT, CheckpointModel
 from mlwe.sim.kernel import Kernel
 from mlwe.sim.metrics import Metrics
 from mlwe.sim.traces import Trace, TraceJob
@@ -32,6 +34,8 @@ class ReplayConfig:
     failure_prob: float = 0.0
     node_failures: Sequence[tuple[float, str, float | None]] = ()
     keep_decisions: int = 0  # how many decision records to keep (memory); all are counted
+    #: what a preemption costs trace jobs (a policy such as tiresias-free may force "free")
+    checkpoint: CheckpointModel = DEFAULT_CHECKPOINT
     progress: Callable[[float, int, int], None] | None = None  # (sim time, done, events)
 
 
@@ -64,11 +68,18 @@ def replay(trace: Trace, config: ReplayConfig | None = None) -> ReplayResult:
         check_invariants=cfg.check_invariants, decision_sink=sink,
     )
     scheduler = make_policy(cfg.policy, durations)
+    forced: CheckpointModel | None = getattr(scheduler, "checkpoint_model", None)
+    ckpt = forced or cfg.checkpoint
     backend = SimBackend(
         kernel, durations,
-        SimBackendConfig(eviction_delay_s=cfg.eviction_delay_s, failure_prob=cfg.failure_prob,
-                         seed=cfg.seed),
+        SimBackendConfig(eviction_delay_s=0.0 if ckpt.free else cfg.eviction_delay_s,
+                         failure_prob=cfg.failure_prob, seed=cfg.seed,
+                         free_preemption=ckpt.free),
     )
+    # every report scores run-time estimates: the policy's own estimator where it
+    # has one, else one that only watches (learning from completed jobs alike)
+    estimator = getattr(scheduler, "estimator", None) or RuntimeEstimator()
+    estimator.attach(cp)
     rec = Reconciler(cp, scheduler, grace_s=cfg.grace_s)
     total_gpus = sum(i.capacity.gpu for i in cp.capacity.nodes()) / 1000
     metrics = Metrics(cp, durations, total_gpus)
@@ -76,7 +87,7 @@ def replay(trace: Trace, config: ReplayConfig | None = None) -> ReplayResult:
         backend.fail_node(t, node, down)
 
     def submit(job: TraceJob) -> None:
-        res = cp.apply([Submit(job.spec)], cause_id=f"trace:{job.line}")
+        res = cp.apply([Submit(ckpt.apply(job.spec))], cause_id=f"trace:{job.line}")
         if not res.accepted:
             raise ValueError(f"{trace.name}:{job.line}: rejected: {'; '.join(res.reasons())}")
 
@@ -131,12 +142,25 @@ def replay(trace: Trace, config: ReplayConfig | None = None) -> ReplayResult:
         "trace": trace.name,
         "policy": cfg.policy,
         "policy_semantics": POLICY_SEMANTICS.get(cfg.policy, ""),
+        "placement": POLICY_PLACEMENT.get(cfg.policy, ""),
+        "checkpoint_model": ckpt.text(),
+        "checkpoint_semantics": ckpt.describe()
+        + (f" (forced by policy {cfg.policy})" if forced is not None and forced != cfg.checkpoint
+           else ""),
         "seed": cfg.seed,
         "wall_s": round(wall, 3),
         "events": kernel.events,
         "events_per_s": round(kernel.events / wall) if wall else None,
+        "jobs_per_s": round(len(trace.jobs) / wall, 1) if wall else None,
         "cycles": rec.cycles,
         **summary,
+        **estimator.error_stats(),
+        "estimator": (
+            f"{estimator.name} (learned online from completed jobs only; min"
+            f" {estimator.min_samples} runs per key) "
+            + ("used by the policy" if getattr(scheduler, "estimator", None) is estimator
+               else "scored only: the policy does not use it")
+        ),
         "invariant_checks": cp.invariant_checks,
         "invariants": "on" if cfg.check_invariants else "OFF (profiling only)",
         "decisions": dict(sorted(counts.items())),

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from mlwe.sim.replay import ReplayResult
 
 #: Metrics measured on the wall clock: never in metrics.json (they differ run to run).
-WALL_CLOCK_KEYS: frozenset[str] = frozenset({"wall_s", "events_per_s"})
+WALL_CLOCK_KEYS: frozenset[str] = frozenset({"wall_s", "events_per_s", "jobs_per_s"})
 
 METRICS_FILE = "metrics.json"
 REPORT_FILE = "report.md"
@@ -97,6 +97,11 @@ TABLE_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("deadlines met", _deadlines),
     ("preemptions", lambda m: _num(m.get("preemptions"))),
     ("GPU-hours lost to preemption", lambda m: _num(m.get("gpu_hours_lost_to_preemption"))),
+    ("max queueing delay", lambda m: _dur(m.get("max_queue_delay_s"))),
+    ("estimate error p50 / p90", lambda m: "-" if m.get("estimate_p50_rel_error") is None
+     else f"{_pct(m.get('estimate_p50_rel_error'))} / {_pct(m.get('estimate_p90_rel_error'))}"),
+    ("estimate coverage", lambda m: _pct(m.get("estimate_coverage"))),
+    ("checkpoint model", lambda m: str(m.get("checkpoint_model") or "-")),
     ("queue fairness (Jain)", lambda m: _num(m.get("queue_fairness_jain"))),
     ("invariant checks", _invariants),
 )
@@ -384,6 +389,19 @@ def _report_md(results: Sequence[ReplayResult], plots: Sequence[Path]) -> str:
     for r in results:
         sem = r.metrics.get("policy_semantics") or POLICY_SEMANTICS.get(r.policy, "")
         lines += [f"### {r.policy}", "", " ".join(sem.split()) or "(no description)", ""]
+        extra = []
+        if r.metrics.get("placement"):
+            extra.append(f"- Placement: {r.metrics['placement']}")
+        if r.metrics.get("checkpoint_semantics"):
+            extra.append(
+                f"- Checkpoint model `{r.metrics.get('checkpoint_model')}`:"
+                f" {r.metrics['checkpoint_semantics']}"
+            )
+        est = r.metrics.get("estimator")
+        if est:
+            extra.append(f"- Runtime estimates: {est}")
+        if extra:
+            lines += [*extra, ""]
     lines += ["## Comparison", "", *_markdown_table(_cells(results)), ""]
     lines += [
         "Definitions: JCT = finish - submit of jobs that succeeded; queueing delay = first "

@@ -7,7 +7,11 @@ from types import MappingProxyType
 
 from mlwe.core.policies.ordering import ArrivalOrder, OrderingPolicy, PriorityDeadlineFairShare
 from mlwe.core.policies.placement import BestFit, PlacementPolicy, Spread
-from mlwe.core.policies.preemption import CheapestVictims, PreemptionPolicy
+from mlwe.core.policies.preemption import (
+    CheapestVictims,
+    LowestPriorityVictims,
+    PreemptionPolicy,
+)
 
 ORDERING_POLICIES: Mapping[str, Callable[[], OrderingPolicy]] = MappingProxyType(
     {
@@ -19,7 +23,7 @@ PLACEMENT_POLICIES: Mapping[str, Callable[[], PlacementPolicy]] = MappingProxyTy
     {BestFit.name: BestFit, Spread.name: Spread}
 )
 PREEMPTION_POLICIES: Mapping[str, Callable[[], PreemptionPolicy]] = MappingProxyType(
-    {CheapestVictims.name: CheapestVictims}
+    {CheapestVictims.name: CheapestVictims, LowestPriorityVictims.name: LowestPriorityVictims}
 )
 
 __all__ = ["ORDERING_POLICIES", "PLACEMENT_POLICIES", "PREEMPTION_POLICIES"]

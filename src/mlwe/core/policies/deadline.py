@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlwe.core.capacity import CapacityIndex, ReplicaAlloc
@@ -44,6 +44,14 @@ def accepted_models(cp: ControlPlane, w: Workload) -> tuple[str, ...]:
     return tuple(sorted(ok, key=lambda m: (cp.catalog[m].rank, m)))
 
 
+#: expected seconds of work left for a workload at a time (None: nobody knows)
+Remaining = Callable[[Workload, float], "float | None"]
+
+
+def _declared(w: Workload, now: float) -> float | None:
+    return w.remaining_estimate(now)
+
+
 def project_start(
     cp: ControlPlane,
     target: Workload,
@@ -55,6 +63,7 @@ def project_start(
     grace_s: float = 30.0,
     placement: PlacementPolicy | None = None,
     max_steps: int = 10_000,
+    remaining: Remaining | None = None,
 ) -> Projection:
     """When ``target`` could start if ``ahead`` go first, in order.
 
@@ -62,6 +71,7 @@ def project_start(
     treated as evicted after ``grace_s`` (what the default policy would do).
     """
     now = cp.now()
+    left = remaining or _declared
     f = (fork or cp.capacity).fork()
     place = placement or BestFit()
     assumed = 0
@@ -77,7 +87,7 @@ def project_start(
         ) or h.state in (State.PREEMPTING, State.STOPPING):
             end = now + grace_s
         else:
-            rem = h.remaining_estimate(now)
+            rem = left(h, now)
             if rem is None:
                 rem = max(0.0, default_estimate_s - h.runtime(now))
                 assumed += 1
@@ -97,7 +107,7 @@ def project_start(
             order.pop(0)
             if w is target:
                 return Projection(t, allocs, assumed)
-            rem = w.remaining_estimate(t)
+            rem = left(w, t)
             if rem is None:
                 rem = default_estimate_s
                 assumed += 1
@@ -146,6 +156,7 @@ def deadline_admission(
     margin: float = 0.1,
     default_estimate_s: float = 3600.0,
     grace_s: float = 30.0,
+    remaining: Remaining | None = None,
 ) -> DeadlineVerdict:
     """Whether ``w``'s deadline is still reachable, given what runs and what is queued.
 
@@ -157,7 +168,7 @@ def deadline_admission(
     now = cp.now()
     if w.deadline is None:
         return DeadlineVerdict(DeadlineStatus.NO_DEADLINE, now, now, None, "no deadline given")
-    rem = w.remaining_estimate(now)
+    rem = (remaining or _declared)(w, now)
     if rem is None:
         return DeadlineVerdict(
             DeadlineStatus.AT_RISK,
@@ -183,6 +194,7 @@ def deadline_admission(
         default_estimate_s=default_estimate_s,
         preemptible_below=w.priority,
         grace_s=grace_s,
+        remaining=remaining,
     )
     if proj.start == INF:
         return DeadlineVerdict(

@@ -10,7 +10,7 @@ chosen, and the set is minimal (no victim can be dropped).
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,7 +20,7 @@ from mlwe.core.controlplane import ControlPlane
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload
 from mlwe.core.resources import format_duration
-from mlwe.core.rules import frees_what_is_needed, preemptible
+from mlwe.core.rules import frees_what_is_needed, gain_violations, preemptible
 from mlwe.core.spec import NodeStatus
 
 #: A CPU-only victim's cores are weighed as GPUs at this rate (8 cores ~ 1 GPU).
@@ -110,7 +110,10 @@ class CheapestVictims:
         shape: Shape,
         taken: set[str],
         exclude: Container[str] = (),
+        equals: Callable[[Workload], bool] | None = None,
     ) -> VictimChoice | None:
+        """As the protocol says; ``equals`` (optional) admits victims of the
+        preemptor's own priority for which it returns True (reason "gain")."""
         now = cp.now()
         qp = cp.queues[p.queue]
         after = [u + r for u, r in zip(qp.usage, p.request().as_tuple())]
@@ -123,6 +126,10 @@ class CheapestVictims:
                 return None
             if v.priority < p.priority:
                 why = PreemptReason.PRIORITY
+            elif equals is not None and v.priority == p.priority:
+                if gain_violations(p, v, now) or not equals(v):
+                    return None
+                why = PreemptReason.GAIN
             elif reclaim_ok:
                 qv = cp.queues[v.queue]
                 if not (qv.cohort == qp.cohort and qv.name != qp.name and qv.over_nominal()):
@@ -136,10 +143,10 @@ class CheapestVictims:
                 return None  # the control plane's rule: e.g. a CPU-only job frees no GPUs
             return why
 
-        if not reclaim_ok and not any(
-            prio < p.priority for prio, n in cp.holding_by_priority.items() if n
-        ):
-            return None  # nobody holds anything at a lower priority
+        held = cp.holding_by_priority  # live priorities only (zero counts are dropped)
+        lowest = min(held, default=p.priority + 1)
+        if not reclaim_ok and (lowest > p.priority or (lowest == p.priority and equals is None)):
+            return None  # nobody holds anything at a lower (or, among equals, the same) priority
 
         if shape.gpu:
             nodes = [n for m in shape.models for n in fork.nodes_of_model(m)]
@@ -176,7 +183,7 @@ class CheapestVictims:
                         v = cp.workloads[wid]
                         why = eligible(v)
                         if why is not None:
-                            vs.append((victim_cost(v, now, self.gang_penalty), v, why))
+                            vs.append((self.cost(v, now), v, why))
                     if vs:
                         cand = self._try_node(f, node, shape, vs, i)
                         if cand is not None:
@@ -215,6 +222,10 @@ class CheapestVictims:
             feasible_nodes=feasible_total,
             alternatives=tuple(alternatives),
         )
+
+    def cost(self, v: Workload, now: float) -> float:
+        """What evicting ``v`` now costs (the set with the least total wins)."""
+        return victim_cost(v, now, self.gang_penalty)
 
     def _try_node(
         self,
@@ -275,6 +286,22 @@ class CheapestVictims:
         return _Candidate(node, released, fit, sum(c for c, _, _ in released), rank)
 
 
+class LowestPriorityVictims(CheapestVictims):
+    """The victims are the running workloads last in priority order: lowest
+    effective priority first, latest arrival first among equals; the set is still
+    minimal and respects every rule of the core (strictly lower priority,
+    protection, minimum runtime). For policies whose preemption is free (the
+    Tiresias authors' simulator): with nothing lost, the rank is all there is to
+    weigh, and the authors' simulators evict exactly the jobs that fall out of
+    the policy's order."""
+
+    name = "lowest-priority-victims"
+
+    def cost(self, v: Workload, now: float) -> float:
+        # whole numbers (the candidate key rounds costs): priority first, then recency
+        return float(v.priority) * 1e9 - float(v.seq)
+
+
 def _first_fit(f: CapacityIndex, shape: Shape, exclude: Container[str]) -> ReplicaAlloc | None:
     for node in f.candidates(shape):
         if node not in exclude:
@@ -298,11 +325,12 @@ def describe_choice(p: Workload, choice: VictimChoice, cp: ControlPlane) -> list
     for v, why in choice.victims:
         lost = v.gpus() * v.work_at_risk(now) / 60
         where = ",".join(sorted({a.node for a in v.placement}))
-        rule = (
-            f"priority {v.priority} < {p.priority}"
-            if why is PreemptReason.PRIORITY
-            else f"queue {v.queue} borrows quota that {p.queue} reclaims"
-        )
+        if why is PreemptReason.PRIORITY:
+            rule = f"priority {v.priority} < {p.priority}"
+        elif why is PreemptReason.GAIN:
+            rule = f"equal priority {v.priority}: the expected gain exceeds the cost"
+        else:
+            rule = f"queue {v.queue} borrows quota that {p.queue} reclaims"
         out.append(
             f"preempt {v.id} (priority {v.priority}) on {where} to free {what} for {p.id}"
             f" (priority {p.priority}{dl}); {rule}; lost work {lost:.0f} GPU-min since last"

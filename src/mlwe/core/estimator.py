@@ -1,0 +1,410 @@
+"""Runtime estimates learned online from completed workloads, honestly.
+
+The estimator sees a workload's spec (what a real scheduler has: queue, owner
+label, kind, name stem, GPU count, requested resources, the user's own
+estimate, iterations where the spec's labels give them) and, for work that has
+run, the service it has attained. It learns only when a workload SUCCEEDS,
+from what the control plane itself measured (the seconds of work of the run),
+never from running or future work: in a replay it learns as the trace unfolds,
+and in the engine it is seeded from the control plane's completed workloads
+(what the store recovered), so it survives restarts.
+
+Model: one bounded sample of past run times per feature key, from specific to
+general (queue + name stem + GPUs ... down to everything); a prediction uses
+the most specific key with at least ``min_samples`` runs. Where the labels give
+an iteration count, the same is done for seconds per iteration; where the user
+gave an estimate, for the ratio actual / estimate. For attained service ``a``
+the distribution is conditioned on S > a: the expected remaining time is the
+median of what is left, and the Gittins index (the best ratio of completion
+probability to expected service over every quantum) ranks size-aware
+orderings.
+
+Pure and deterministic: no I/O, no clock (times come from the caller).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mlwe.core.lifecycle import State, Transition
+from mlwe.core.model import Workload
+from mlwe.core.resources import format_duration
+from mlwe.core.spec import WorkloadSpec
+
+if TYPE_CHECKING:
+    from mlwe.core.controlplane import ControlPlane
+
+_DIGITS = re.compile(r"[0-9a-f]{6,}|\d+", re.IGNORECASE)
+_ITER_LABELS = ("num_iteration", "iterations", "num_iterations")
+_OWNER_LABELS = ("owner", "user")
+
+
+def name_stem(name: str) -> str:
+    """The name without its numbers and hex ids ("train-bert-0042" -> "train-bert-#")."""
+    return _DIGITS.sub("#", name)[:80]
+
+
+def _iterations(spec: WorkloadSpec) -> float | None:
+    for k in _ITER_LABELS:
+        v = spec.labels.get(k)
+        if v:
+            try:
+                x = float(v)
+            except ValueError:
+                return None
+            return x if math.isfinite(x) and x > 0 else None
+    return None
+
+
+@dataclass(slots=True)
+class _Sample:
+    """The last ``keep`` values seen under one key, sorted, with running errors."""
+
+    keep: int
+    version: int = 0
+    order: deque[float] = field(default_factory=deque)
+    sorted: list[float] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)  # sorted relative errors of past predictions
+
+    def add(self, x: float) -> None:
+        self.version += 1
+        self.order.append(x)
+        bisect.insort(self.sorted, x)
+        if len(self.order) > self.keep:
+            old = self.order.popleft()
+            del self.sorted[bisect.bisect_left(self.sorted, old)]
+
+    def note_error(self, e: float) -> None:
+        bisect.insort(self.errors, e)
+        if len(self.errors) > self.keep:
+            # keep the middle: drop alternately from each end (a running median's view)
+            self.errors.pop(0 if len(self.errors) % 2 else -1)
+
+    def median(self) -> float:
+        s = self.sorted
+        return s[len(s) // 2]
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A predicted run time and where it came from."""
+
+    total_s: float  # expected total seconds of work
+    remaining_s: float  # expected seconds left given the service attained
+    samples: int  # past runs it is based on (0: the user's estimate alone)
+    basis: str  # e.g. "queue nlp with 8 GPUs"
+    source: str  # "history", "iterations", "user-calibrated" or "user"
+    p50_error: float | None  # median relative error of this key's past predictions
+
+    def describe(self) -> str:
+        """'2h10m from 37 past runs in queue nlp with 8 GPUs, p50 error 18%'."""
+        text = f"{format_duration(self.total_s)}"
+        if self.source == "user":
+            return text + " (the user's estimate; no history to check it against)"
+        text += f" from {self.samples} past run{'s' if self.samples != 1 else ''} {self.basis}"
+        if self.p50_error is not None:
+            text += f", p50 error {100 * self.p50_error:.0f}%"
+        return text
+
+
+class RuntimeEstimator:
+    """Online run-time estimates from completed workloads (see the module docstring)."""
+
+    name = "learned-runtime"
+
+    def __init__(self, min_samples: int = 3, keep: int = 256) -> None:
+        if min_samples < 1 or keep < min_samples:
+            raise ValueError("need 1 <= min_samples <= keep")
+        self.min_samples = min_samples
+        self.keep = keep
+        self._durations: dict[tuple[str, ...], _Sample] = {}
+        self._per_iter: dict[tuple[str, ...], _Sample] = {}
+        self._ratio: dict[tuple[str, ...], _Sample] = {}
+        self.learned = 0
+        #: relative error |predicted - actual| / actual of the prediction made at
+        #: submission, for every completed workload that had one
+        self.errors: list[float] = []
+        self.predicted = 0  # completed workloads that had a prediction at submission
+        self.completed = 0
+        self._at_submit: dict[str, float | None] = {}
+        self._cache: dict[str, tuple[int, float, Estimate | None, WorkloadSpec]] = {}
+        self._keys_of: dict[str, tuple[WorkloadSpec, list[tuple[tuple[str, ...], str]]]] = {}
+        self._gittins: dict[tuple[int, float], tuple[int, float]] = {}
+        self._attached: object | None = None
+
+    def fresh(self, learned_then: int) -> bool:
+        """Whether a prediction made when ``learned_then`` runs were known still
+        stands: until the history grows by 5% (at least 8 runs), a cached
+        prediction is reused (bounded staleness keeps a cycle over a long queue
+        cheap; the choice depends only on counts, so it stays deterministic)."""
+        return self.learned - learned_then <= max(8, learned_then // 20)
+
+    def keys_for(self, w: Workload) -> list[tuple[tuple[str, ...], str]]:
+        got = self._keys_of.get(w.id)
+        if got is None or got[0] is not w.spec:
+            if len(self._keys_of) > 200_000:
+                self._keys_of.clear()
+            got = self._keys_of[w.id] = (w.spec, self._keys(w.spec))
+        return got[1]
+
+    # ------------------------------------------------------------------ features
+    @staticmethod
+    def _keys(spec: WorkloadSpec) -> list[tuple[tuple[str, ...], str]]:
+        """Feature keys from most specific to least, each with words for reports."""
+        q = spec.queue
+        stem = name_stem(spec.name)
+        g = f"{spec.resources.gpu * spec.replicas / 1000:g}"
+        owner = next((spec.labels[k] for k in _OWNER_LABELS if spec.labels.get(k)), "")
+        model = spec.labels.get("model_name", "")
+        batch = spec.labels.get("batch_size", "")
+        keys: list[tuple[tuple[str, ...], str]] = []
+        if model:
+            keys.append((("m", model, batch, g), f"of {model} (batch {batch or '?'}) with {g} GPUs"))
+            keys.append((("m", model, g), f"of {model} with {g} GPUs"))
+        if owner:
+            keys.append((("o", q, owner, stem, g), f"by {owner} in queue {q} like {stem}"))
+        keys += [
+            (("q", q, stem, g), f"in queue {q} like {stem} with {g} GPUs"),
+            (("q", q, spec.kind.value, g), f"in queue {q} of kind {spec.kind.value} with {g} GPUs"),
+            (("s", stem, g), f"like {stem} with {g} GPUs"),
+            (("q", q, spec.kind.value), f"in queue {q} of kind {spec.kind.value}"),
+            (("g", g), f"with {g} GPUs"),
+            (("*",), "of any kind"),
+        ]
+        return keys
+
+    # ------------------------------------------------------------------ learning
+    def learn(self, spec: WorkloadSpec, run_s: float) -> None:
+        """A workload with ``spec`` completed after ``run_s`` seconds of work."""
+        if not (math.isfinite(run_s) and run_s >= 0):
+            return
+        run_s = max(run_s, 1e-3)
+        self.learned += 1
+        self._cache.clear()
+        keys = self._keys(spec)
+        for k, _ in keys:
+            self._sample(self._durations, k).add(run_s)
+        it = _iterations(spec)
+        if it:
+            for k, _ in keys:
+                self._sample(self._per_iter, k).add(run_s / it)
+        if spec.estimated_duration:
+            for k, _ in keys:
+                self._sample(self._ratio, k).add(run_s / spec.estimated_duration)
+
+    def _sample(self, table: dict[tuple[str, ...], _Sample], key: tuple[str, ...]) -> _Sample:
+        s = table.get(key)
+        if s is None:
+            s = table[key] = _Sample(self.keep)
+        return s
+
+    def _best(
+        self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]]
+    ) -> tuple[_Sample, str] | None:
+        for k, words in keys:
+            s = table.get(k)
+            if s is not None and len(s.order) >= self.min_samples:
+                return s, words
+        return None
+
+    # ---------------------------------------------------------------- prediction
+    def estimate(self, w: Workload, attained_s: float = 0.0) -> Estimate | None:
+        """Expected run time of ``w`` given ``attained_s`` seconds of work done; None
+        when neither history nor the user gives anything."""
+        cached = self._cache.get(w.id)
+        if (
+            cached is not None
+            and cached[1] == attained_s
+            and cached[3] is w.spec
+            and self.fresh(cached[0])
+        ):
+            return cached[2]
+        est = self._estimate(w.spec, attained_s, self.keys_for(w))
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[w.id] = (self.learned, attained_s, est, w.spec)
+        return est
+
+    def _estimate(
+        self, spec: WorkloadSpec, a: float, keys: list[tuple[tuple[str, ...], str]] | None = None
+    ) -> Estimate | None:
+        keys = keys if keys is not None else self._keys(spec)
+        it = _iterations(spec)
+        if it:
+            got = self._best(self._per_iter, keys)
+            if got is not None:
+                s, words = got
+                total = it * s.median()
+                return Estimate(total, max(0.0, total - a), len(s.order), words, "iterations",
+                                _median(s.errors))
+        user = spec.estimated_duration
+        if user:
+            got = self._best(self._ratio, keys)
+            if got is not None:
+                s, words = got
+                total = user * s.median()
+                return Estimate(total, max(0.0, total - a), len(s.order), words,
+                                "user-calibrated", _median(s.errors))
+            return Estimate(user, max(0.0, user - a), 0, "", "user", None)
+        got = self._best(self._durations, keys)
+        if got is None:
+            return None
+        s, words = got
+        tail = s.sorted[bisect.bisect_right(s.sorted, a):]
+        # a job that has outlived every past run is expected to run as long again
+        # (a heavy tail's rule of thumb) rather than to end now
+        total = tail[len(tail) // 2] if tail else 2.0 * a
+        return Estimate(total, max(0.0, total - a), len(s.order), words, "history",
+                        _median(s.errors))
+
+    def gittins_index(self, w: Workload, attained_s: float) -> float | None:
+        """Gittins index (1/s) of ``w`` at attained service ``attained_s`` over the
+        learned distribution of its key: max over quanta D of P(S - a <= D | S > a)
+        / E[min(S - a, D) | S > a]. None without enough history."""
+        got = self._best(self._durations, self.keys_for(w))
+        if got is None:
+            return None
+        sample = got[0]
+        ck = (id(sample), attained_s)
+        hit = self._gittins.get(ck)
+        if hit is not None and hit[0] == sample.version:
+            return hit[1]
+        g = self._gittins_of(sample.sorted, attained_s)
+        if len(self._gittins) > 200_000:
+            self._gittins.clear()
+        self._gittins[ck] = (sample.version, g)
+        return g
+
+    @staticmethod
+    def _gittins_of(s: list[float], a: float) -> float:
+        tail = s[bisect.bisect_right(s, a):]
+        m = len(tail)
+        if m == 0:
+            return 1.0 / max(1.0, a)  # outlived the history: LAS-like, lower as it runs
+        best = 0.0
+        acc = 0.0
+        for k, x in enumerate(tail, start=1):
+            d = x - a
+            acc += d
+            denom = acc + (m - k) * d
+            if denom > 0:
+                best = max(best, k / denom)
+        return best if best > 0 else 1.0
+
+    # --------------------------------------------------------------- bookkeeping
+    def note_submitted(self, w: Workload) -> None:
+        """Remember the prediction made when ``w`` arrived (for the error figures)."""
+        if w.id not in self._at_submit:
+            e = self._estimate(w.spec, 0.0)
+            self._at_submit[w.id] = None if e is None or e.source == "user" else e.total_s
+
+    def note_completed(self, w: Workload, run_s: float) -> None:
+        """``w`` succeeded after ``run_s`` seconds of work: score, then learn."""
+        self.completed += 1
+        pred = self._at_submit.pop(w.id, None)
+        if pred is not None and run_s > 0:
+            err = abs(pred - run_s) / run_s
+            self.predicted += 1
+            self.errors.append(err)
+            for k, _ in self._keys(w.spec)[:1]:
+                for table in (self._durations, self._per_iter, self._ratio):
+                    if k in table:
+                        table[k].note_error(err)
+            got = self._best(self._durations, self._keys(w.spec))
+            if got is not None:
+                got[0].note_error(err)
+        self.learn(w.spec, run_s)
+
+    def error_stats(self) -> dict[str, float | int | None]:
+        """Median and p90 relative error of the prediction made at submission (or,
+        where none could be made then, at first placement), and coverage (share of
+        completed workloads that had a learned prediction)."""
+        errs = sorted(self.errors)
+        return {
+            "estimate_p50_rel_error": _r(_pick(errs, 0.5)),
+            "estimate_p90_rel_error": _r(_pick(errs, 0.9)),
+            "estimate_coverage": _r(self.predicted / self.completed) if self.completed else None,
+            "estimate_scored": self.predicted,
+        }
+
+    # --------------------------------------------------------------- attachment
+    def attach(self, cp: ControlPlane) -> None:
+        """Learn from ``cp``: its completed workloads now (a recovered store's
+        history), and every workload that succeeds from now on. Idempotent."""
+        if self._attached is cp:
+            return
+        self._attached = cp
+        done = [w for w in cp.workloads.values() if w.state is State.SUCCEEDED]
+        done.sort(key=lambda w: (w.history[-1].time if w.history else 0.0, w.seq))
+        for w in done:
+            self.learn(w.spec, run_seconds(w))
+        for w in cp.workloads.values():
+            if w.state is not State.SUCCEEDED:
+                self.note_submitted(w)
+
+        def seen(w: Workload, tr: Transition) -> None:
+            if self._attached is not cp:
+                return
+            if tr.target is State.PENDING:
+                self.note_submitted(w)
+            elif tr.target is State.ADMITTED and self._at_submit.get(w.id, 0.0) is None:
+                # nothing was known at submission: score the estimate the placing
+                # decision could use instead
+                del self._at_submit[w.id]
+                self.note_submitted(w)
+            elif tr.target is State.SUCCEEDED:
+                self.note_completed(w, run_seconds(w, tr.time))
+
+        cp.listeners.append(seen)
+
+
+def run_seconds(w: Workload, finished_at: float | None = None) -> float:
+    """Seconds of work a succeeded workload took, as the control plane measured
+    them: its saved work plus its last run (after any restore), or, after a
+    restart of the engine, the sum of its running intervals."""
+    hist = w.history
+    end = finished_at if finished_at is not None else (hist[-1].time if hist else 0.0)
+    start = None
+    for tr in reversed(hist):
+        if tr.target is State.RUNNING:
+            start = tr.time
+            break
+    if start is None:
+        return 0.0
+    restore = w.spec.restart_cost if w.run_base_work > 0 else 0.0
+    return max(0.0, w.run_base_work + (end - start) - restore)
+
+
+def _median(xs: list[float]) -> float | None:
+    return xs[len(xs) // 2] if xs else None
+
+
+def _pick(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def attained_service(w: Workload, now: float) -> float:
+    """Seconds of work ``w`` has done (saved work, plus its current run)."""
+    done = w.work_done
+    if w.started_at is not None:
+        restore = w.spec.restart_cost if w.run_base_work > 0 else 0.0
+        done = max(done, w.run_base_work + max(0.0, now - w.started_at - restore))
+    return done
+
+
+def seed(estimator: RuntimeEstimator, runs: Iterable[tuple[WorkloadSpec, float]]) -> None:
+    """Teach ``estimator`` past runs given as (spec, seconds of work)."""
+    for spec, secs in runs:
+        estimator.learn(spec, secs)

@@ -1,0 +1,144 @@
+"""The learned runtime estimator: what it predicts, from what, and its Gittins index."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlwe.core import Exited, WorkloadSpec
+from mlwe.core.estimator import RuntimeEstimator, name_stem, run_seconds
+from mlwe.core.lifecycle import State
+from mlwe.core.model import Workload
+
+from .builders import cluster, gpu_node, job, ok, running_on
+
+
+def spec(name: str = "train-bert-0042", queue: str = "nlp", gpus: int = 8, **kw: object) -> WorkloadSpec:
+    return WorkloadSpec(name=name, queue=queue, resources={"gpu": gpus}, **kw)  # type: ignore[arg-type]
+
+
+def wl(s: WorkloadSpec, wid: str = "x") -> Workload:
+    return Workload(id=wid, spec=s, seq=1, submit_time=0.0, deadline=None)
+
+
+@pytest.mark.parametrize(
+    ("name", "stem"),
+    [("train-bert-0042", "train-bert-#"), ("philly-123", "philly-#"),
+     ("job-3f9a2c1d77", "job-#"), ("plain", "plain")],
+)
+def test_name_stem(name: str, stem: str) -> None:
+    assert name_stem(name) == stem
+
+
+def test_nothing_known_gives_no_estimate() -> None:
+    est = RuntimeEstimator()
+    assert est.estimate(wl(spec())) is None
+    assert est.gittins_index(wl(spec()), 0.0) is None
+
+
+def test_the_most_specific_key_with_enough_runs_wins() -> None:
+    est = RuntimeEstimator(min_samples=3)
+    for d in (100.0, 200.0, 300.0):  # same queue, stem and GPUs
+        est.learn(spec(name="train-bert-1"), d)
+    for d in (5000.0, 6000.0, 7000.0):  # another stem in the same queue
+        est.learn(spec(name="eval-9"), d)
+    e = est.estimate(wl(spec(name="train-bert-77")))
+    assert e is not None
+    assert e.total_s == 200.0
+    assert e.samples == 3 and e.source == "history"
+    assert e.basis == "in queue nlp like train-bert-# with 8 GPUs"
+    assert e.describe() == "3m20s from 3 past runs in queue nlp like train-bert-# with 8 GPUs"
+    # an unseen stem in the queue falls back to the queue and GPU count (6 runs)
+    e2 = est.estimate(wl(spec(name="new-thing")))
+    assert e2 is not None and e2.samples == 6
+
+
+def test_attained_service_conditions_the_estimate() -> None:
+    est = RuntimeEstimator(min_samples=1)
+    for d in (100.0, 200.0, 1000.0, 4000.0, 9000.0):
+        est.learn(spec(), d)
+    w = wl(spec())
+    assert est.estimate(w, 0.0).total_s == 1000.0  # type: ignore[union-attr]
+    # having run 1500 s, only 4000 and 9000 remain possible: median of the tail
+    e = est.estimate(w, 1500.0)
+    assert e is not None and e.total_s == 9000.0 and e.remaining_s == 7500.0
+    # outlived every past run: as long again
+    e = est.estimate(w, 20000.0)
+    assert e is not None and e.remaining_s == 20000.0
+
+
+def test_gittins_index_prefers_what_is_likely_to_end_soon() -> None:
+    est = RuntimeEstimator(min_samples=1)
+    for d in (10.0, 10.0, 10.0, 10000.0):
+        est.learn(spec(), d)
+    w = wl(spec())
+    # at 0: quantum 10 ends 3 of 4 for E[min(S,10)] = 10 -> 0.075; quantum 10000:
+    # 4/ (30 + 10000) -> 0.0004; the index is the best: 0.075
+    assert est.gittins_index(w, 0.0) == pytest.approx(3 / 40)
+    # past 10 s only the 10000 s run is left: 1 / 9990
+    assert est.gittins_index(w, 10.0) == pytest.approx(1 / 9990)
+
+
+def test_iterations_and_user_estimates_are_features() -> None:
+    est = RuntimeEstimator(min_samples=2)
+    for it, d in ((1000, 100.0), (2000, 200.0)):
+        est.learn(spec(labels={"model_name": "resnet50", "num_iteration": str(it)}), d)
+    e = est.estimate(wl(spec(labels={"model_name": "resnet50", "num_iteration": "5000"})))
+    assert e is not None and e.source == "iterations" and e.total_s == pytest.approx(500.0)
+    for user, d in ((100.0, 150.0), (200.0, 300.0)):
+        est.learn(spec(name="other", estimated_duration=user), d)
+    e = est.estimate(wl(spec(name="other", estimated_duration=1000.0)))
+    assert e is not None and e.source == "user-calibrated" and e.total_s == pytest.approx(1500.0)
+    fresh = RuntimeEstimator()
+    e = fresh.estimate(wl(spec(estimated_duration=42.0)))
+    assert e is not None and e.source == "user" and "the user's estimate" in e.describe()
+
+
+def test_errors_are_scored_before_learning() -> None:
+    est = RuntimeEstimator(min_samples=1)
+    est.learn(spec(), 100.0)
+    w = wl(spec(), "a")
+    est.note_submitted(w)  # predicts 100
+    est.note_completed(w, 200.0)  # actual 200: error 50%
+    stats = est.error_stats()
+    assert stats["estimate_p50_rel_error"] == 0.5
+    assert stats["estimate_coverage"] == 1.0
+
+
+def test_attach_learns_from_completed_workloads_only() -> None:
+    cp, clock = cluster(gpu_node("a100-0"))
+    running_on(cp, job("done", gpu=1), "a100-0")
+    running_on(cp, job("running", gpu=1), "a100-0")
+    clock.advance(300.0)
+    ok(cp.apply([Exited("done", 1, 0)]))
+    assert cp.workloads["done"].state is State.SUCCEEDED
+    assert run_seconds(cp.workloads["done"]) == 300.0
+    est = RuntimeEstimator(min_samples=1)
+    est.attach(cp)  # seeds from what the control plane holds: one completed run
+    assert est.learned == 1
+    clock.advance(700.0)  # the running one has run 1000 s: still not learned
+    assert est.learned == 1
+    ok(cp.apply([Exited("running", 1, 0)]))
+    assert est.learned == 2
+    est.attach(cp)  # idempotent
+    assert est.learned == 2
+
+
+def test_deadline_admission_uses_learned_estimates() -> None:
+    from mlwe.core.policies.deadline import DeadlineStatus
+    from mlwe.core.scheduler import default_scheduler
+
+    from .builders import submit
+
+    cp, clock = cluster(gpu_node("a100-0"))
+    sched = default_scheduler()
+    sched.plan(cp)  # attach
+    assert sched.estimator is not None
+    for i in range(3):
+        sched.estimator.learn(job(f"old-{i}", gpu=1), 100.0)
+    clock.advance(1000.0)
+    submit(cp, job("tight-1", gpu=1, deadline=1050.0), job("roomy-2", gpu=1, deadline=5000.0))
+    tight = sched.admission(cp, cp.workloads["tight-1"])
+    assert tight.status is DeadlineStatus.INFEASIBLE, tight.reason
+    assert "needs 1m40s" in tight.reason
+    roomy = sched.admission(cp, cp.workloads["roomy-2"])
+    assert roomy.status is DeadlineStatus.FEASIBLE, roomy.reason
