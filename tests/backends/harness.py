@@ -318,3 +318,8 @@ HARNESSES: dict[str, type[Harness]] = {"sim": SimHarness, "local": LocalHarness}
 from tests.backends.ray_harness import RayHarness  # noqa: E402
 
 HARNESSES["ray"] = RayHarness
+
+# the Slurm backend's harness: a real Slurm cluster started by the test process
+from tests.backends.slurm_harness import SlurmHarness  # noqa: E402
+
+HARNESSES["slurm"] = SlurmHarness
