@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup chromium image-tools image image-serve image-full local-llm run demo test lint typecheck imports unit bench clean
+.PHONY: setup chromium image-tools slurm image image-serve image-full local-llm run demo test lint typecheck imports unit bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
-setup: $(STAMP) chromium image-tools local-llm
+setup: $(STAMP) chromium image-tools slurm local-llm
 
 # The dashboard's browser test drives Chromium from the OS packages (Playwright's own
 # browser download needs the internet at run time). Installed only when missing.
@@ -50,6 +50,15 @@ local-llm: $(STAMP)
 	else $(PY) -m mlwe.agent.localmodel setup \
 	  || echo "local-llm: set-up failed (see above); the local-model tests will say so" >&2; fi
 
+# The Slurm backend's tests start a real Slurm cluster on this machine (slurmctld and
+# three slurmd, Debian's slurm-wlm with munge). Installed only when missing and root.
+slurm:
+	@{ command -v slurmctld && command -v slurmd && command -v munged; } >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	     slurm-wlm munge >/dev/null; } \
+	  || echo "slurm-wlm/munge missing and not root: run 'sudo apt-get install slurm-wlm munge'" >&2
+
 # the whole engine: simulated heterogeneous cluster, SQLite store, rules agent,
 # REST API and live dashboard (it prints the URL and a first-start admin token)
 run: $(STAMP)
@@ -68,7 +77,7 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-unit: $(STAMP) chromium image-tools local-llm
+unit: $(STAMP) chromium image-tools slurm local-llm
 	$(VENV)/bin/pytest
 
 test: lint typecheck imports unit

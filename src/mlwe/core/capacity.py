@@ -60,6 +60,15 @@ class Shape:
     vram: int | None  # explicit VRAM per replica, or None: proportional to the GPUs
     models: tuple[str, ...]  # acceptable GPU models in preference order (empty when gpu == 0)
     selector: tuple[tuple[str, str], ...] = ()
+    # the gang's shape (WorkloadSpec.gang): replicas per node exactly (0: any), at most
+    # (0: no limit), and pack/spread ("": the placement policy's own order)
+    per_node: int = 0
+    max_per_node: int = 0
+    gang_placement: str = ""
+
+    @property
+    def gang_shaped(self) -> bool:
+        return bool(self.per_node or self.max_per_node or self.gang_placement)
 
 
 def _key(info: NodeInfo, free: list[int], dev: list[int]) -> tuple[str, int]:

@@ -622,6 +622,11 @@ class ControlPlane:
                     reasons.append(f"replica {k}: VRAM larger than its devices hold")
             elif r.devices or r.res.vram:
                 reasons.append(f"replica {k}: GPU devices or VRAM given to a CPU-only workload")
+        if spec.gang is not None and not reasons:
+            counts: dict[str, int] = {}
+            for r in replicas:
+                counts[r.node] = counts.get(r.node, 0) + 1
+            reasons += [f"gang shape: {p}" for p in spec.gang.per_node_problems(counts)]
         if reasons:
             return reasons
         # capacity: check replica by replica on the live index (earlier replicas of this

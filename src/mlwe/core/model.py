@@ -151,7 +151,11 @@ class Queue:
 
 def shape_of(spec: WorkloadSpec, models: tuple[str, ...]) -> Shape:
     r = spec.resources
+    g = spec.gang
     return Shape(
+        per_node=(g.tasks_per_node or 0) if g is not None else 0,
+        max_per_node=(g.max_replicas_per_node or 0) if g is not None else 0,
+        gang_placement=g.placement.value if g is not None else "",
         gpu=r.gpu,
         cpu=r.cpu,
         ram=r.memory,

@@ -141,6 +141,45 @@ class ReplicaResources(BaseModel):
         return self
 
 
+class GangPlacement(enum.StrEnum):
+    PACK = "pack"  # as few nodes as possible (the nodes with the most room first)
+    SPREAD = "spread"  # as many nodes as possible (one replica per node, then again)
+
+
+class GangShape(BaseModel):
+    """How a gang's replicas lie on nodes (MPI-style jobs): checked by the control plane.
+
+    ``tasks_per_node``: every node the gang uses holds exactly this many of its
+    replicas (the replica count must be a multiple). ``max_replicas_per_node``:
+    no node holds more. ``placement``: pack onto few nodes or spread over many
+    (a preference the placement honours; the counts are hard rules)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tasks_per_node: int | None = Field(default=None, ge=1, le=4096)
+    max_replicas_per_node: int | None = Field(default=None, ge=1, le=4096)
+    placement: GangPlacement = GangPlacement.PACK
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GangShape:
+        t, m = self.tasks_per_node, self.max_replicas_per_node
+        if t is not None and m is not None and m < t:
+            raise ValueError(f"max_replicas_per_node ({m}) is less than tasks_per_node ({t})")
+        return self
+
+    def per_node_problems(self, counts: Mapping[str, int]) -> list[str]:
+        """What a placement with ``counts`` replicas per node breaks of this shape."""
+        out = []
+        for node, c in sorted(counts.items()):
+            if self.tasks_per_node is not None and c != self.tasks_per_node:
+                out.append(f"node {node} holds {c} replicas; the gang asks tasks_per_node="
+                           f"{self.tasks_per_node}")
+            elif self.max_replicas_per_node is not None and c > self.max_replicas_per_node:
+                out.append(f"node {node} holds {c} replicas; the gang allows at most"
+                           f" max_replicas_per_node={self.max_replicas_per_node}")
+        return out
+
+
 class WorkloadSpec(BaseModel):
     """A workload as the user asks for it."""
 
@@ -153,6 +192,7 @@ class WorkloadSpec(BaseModel):
     priority: int = Field(default=50, ge=0, le=1_000_000)
     priority_class: str | None = None
     replicas: int = Field(default=1, ge=1, le=4096)
+    gang: GangShape | None = Field(default=None, description="how the replicas lie on nodes")
     resources: ReplicaResources = Field(default_factory=ReplicaResources)
     gpu_models: tuple[str, ...] = Field(default=(), description="accepted GPU models; empty = any")
     min_vram_per_gpu: MemoryMiB = 0
@@ -269,6 +309,9 @@ class WorkloadSpec(BaseModel):
             raise ValueError("gpu_models / min_vram_per_gpu given for a workload that asks no GPU")
         if self.deadline is not None and self.deadline_in is not None:
             raise ValueError("give deadline or deadline_in, not both")
+        tpn = self.gang.tasks_per_node if self.gang is not None else None
+        if tpn is not None and self.replicas % tpn:
+            raise ValueError(f"gang.tasks_per_node ({tpn}) must divide replicas ({self.replicas})")
         if self.min_vram_per_gpu:
             cat = _catalog(info)
             pool = self.gpu_models or tuple(cat.names())

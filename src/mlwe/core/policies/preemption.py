@@ -162,11 +162,25 @@ class CheapestVictims:
         total_cost = 0.0
         examined = feasible_total = 0
         alternatives: list[str] = []
+        cap = shape.per_node or shape.max_per_node  # a shaped gang: replicas per node
+        per_node: dict[str, int] = {}
         for _ in range(p.spec.replicas):
-            free_alloc = _first_fit(f, shape, exclude)
+            if cap:
+                # nodes at the gang's cap take no more of it; with tasks_per_node, the
+                # node being filled is tried first, so the gang fills it before the next
+                full = {n for n, c in per_node.items() if c >= cap}
+                excl: Container[str] = _Either(exclude, full)
+                filling = [n for n, c in per_node.items() if c < cap]
+                free_alloc = (f.fit_on(filling[-1], shape)
+                              if shape.per_node and filling and filling[-1] not in exclude
+                              else None) or _first_fit(f, shape, excl)
+            else:
+                excl = exclude
+                free_alloc = _first_fit(f, shape, exclude)
             if free_alloc is not None:
                 f.allocate(free_alloc)
                 allocs.append(free_alloc)
+                per_node[free_alloc.node] = per_node.get(free_alloc.node, 0) + 1
                 continue
             best: _Candidate | None = None
             found: list[_Candidate] = []
@@ -175,7 +189,7 @@ class CheapestVictims:
             for i in range(len(nodes)):
                 node = nodes[(start + i) % len(nodes)]
                 scanned += 1
-                if node not in exclude and f.status(node) is NodeStatus.READY:
+                if node not in excl and f.status(node) is NodeStatus.READY:
                     vs = []
                     for wid in cp.on_node.get(node, ()):
                         if wid in chosen:
@@ -211,9 +225,12 @@ class CheapestVictims:
                     f.release(a)
             f.allocate(best.alloc)
             allocs.append(best.alloc)
+            per_node[best.alloc.node] = per_node.get(best.alloc.node, 0) + 1
             total_cost += best.cost
         if not chosen:
             return None  # everything fits without evicting anyone
+        if p.spec.gang is not None and p.spec.gang.per_node_problems(per_node):
+            return None  # no victim set found that gives the gang its shape
         return VictimChoice(
             victims=tuple(chosen.values()),
             allocs=tuple(allocs),
@@ -300,6 +317,16 @@ class LowestPriorityVictims(CheapestVictims):
     def cost(self, v: Workload, now: float) -> float:
         # whole numbers (the candidate key rounds costs): priority first, then recency
         return float(v.priority) * 1e9 - float(v.seq)
+
+
+class _Either:
+    """Membership in either of two containers (the caller's exclusions, the full nodes)."""
+
+    def __init__(self, a: Container[str], b: Container[str]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, x: object) -> bool:
+        return x in self.a or x in self.b
 
 
 def _first_fit(f: CapacityIndex, shape: Shape, exclude: Container[str]) -> ReplicaAlloc | None:
