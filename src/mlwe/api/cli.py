@@ -94,9 +94,12 @@ def serve_cmd(
     config: Annotated[Path | None, typer.Option("--config", help="config file (YAML, TOML or JSON); default $MLWE_CONFIG")] = None,
     host: Annotated[str | None, typer.Option(help="address to listen on [$MLWE_HOST; 127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option("--port", "-p", min=1, max=65535, help="[$MLWE_PORT; 8080]")] = None,
-    backend: Annotated[str | None, typer.Option(help="sim, local or ray [$MLWE_BACKEND; sim]")] = None,
+    backend: Annotated[str | None, typer.Option(help="sim, local, ray or slurm [$MLWE_BACKEND; sim]")] = None,
     cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster spec file (nodes, queues); --backend ray needs it unless --ray-address local [$MLWE_CLUSTER]")] = None,
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster HOST:PORT for --backend ray ('local': start one on this machine) [$MLWE_RAY_ADDRESS]")] = None,
+    slurm_partition: Annotated[str | None, typer.Option("--slurm-partition", help="--backend slurm: the partition whose nodes mlwe schedules (default: every node; SLURM_CONF names the cluster) [$MLWE_SLURM_PARTITION]")] = None,
+    slurm_run_dir: Annotated[Path | None, typer.Option("--slurm-run-dir", help="--backend slurm: a directory the nodes share with this engine (job scripts, reports, checkpoints) [$MLWE_SLURM_RUN_DIR; <data dir>/slurm]")] = None,
+    slurm_prefix: Annotated[str | None, typer.Option("--slurm-prefix", help="--backend slurm: marks this engine's jobs, adopted again after a restart [$MLWE_SLURM_PREFIX; mlwe]")] = None,
     database_url: Annotated[str | None, typer.Option("--database-url", help="SQLAlchemy URL [$MLWE_DATABASE_URL; SQLite in the data dir]")] = None,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="data directory of the default SQLite store [$MLWE_DATA_DIR; ./.mlwe]")] = None,
     bus: Annotated[str | None, typer.Option("--bus", help="event bus URL, e.g. nats://127.0.0.1:4222 [$MLWE_BUS]")] = None,
@@ -127,7 +130,9 @@ def serve_cmd(
     try:
         cfg = ServeSettings.load(
             config=config, host=host, port=port, backend=backend, cluster=cluster,
-            ray_address=ray_address, database_url=database_url, data_dir=data_dir, bus=bus,
+            ray_address=ray_address, slurm_partition=slurm_partition,
+            slurm_run_dir=slurm_run_dir, slurm_prefix=slurm_prefix,
+            database_url=database_url, data_dir=data_dir, bus=bus,
             generator=generator, agent=agent, agent_mode=agent_mode, speed=speed, seed=seed,
             cors_origins=tuple(cors_origin) if cors_origin else None, log_level=log_level,
         )
@@ -160,6 +165,8 @@ def serve_cmd(
             backend=cfg.backend,
             cluster=load_cluster(cfg.cluster) if cfg.cluster is not None else None,
             ray_address=cfg.ray_address,
+            slurm={"partition": cfg.slurm_partition, "prefix": cfg.slurm_prefix,
+                   "run_dir": str(cfg.slurm_run_dir) if cfg.slurm_run_dir else None},
             database_url=cfg.database_url_value(),
             data_dir=cfg.data_dir,
             bus_url=cfg.bus,

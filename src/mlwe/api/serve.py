@@ -10,7 +10,7 @@ admin token and prints it with the dashboard URL; only its hash is stored.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,8 +93,10 @@ def make_backend(
     seed: int = 0,
     telemetry_s: float = 2.0,
     ray_address: str | None = None,
+    slurm: Mapping[str, Any] | None = None,
 ) -> Backend:
-    """The backend named ``kind`` for ``cluster`` (``local`` also starts a daemon for it)."""
+    """The backend named ``kind`` for ``cluster`` (``local`` also starts a daemon for it;
+    ``slurm`` takes :class:`SlurmBackendConfig` fields in ``slurm``)."""
     if kind == "sim":
         cfg = SimBackendConfig(telemetry_interval_s=telemetry_s, eviction_delay_s=2.0, seed=seed)
         return LiveSimBackend(clock, cfg, default_duration_s=300.0, seed=seed)
@@ -113,7 +115,11 @@ def make_backend(
         from mlwe.backends.ray.backend import RayBackend, RayBackendConfig
 
         return RayBackend(cluster, RayBackendConfig(address=ray_address), clock=clock)
-    raise ServeError(f"unknown backend {kind!r}: use sim, local or ray")
+    if kind == "slurm":
+        from mlwe.backends.slurm import SlurmBackend, SlurmBackendConfig
+
+        return SlurmBackend(cluster, SlurmBackendConfig(**dict(slurm or {})), clock=clock)
+    raise ServeError(f"unknown backend {kind!r}: use sim, local, ray or slurm")
 
 
 def attach_agent(engine: Engine, mode: str = "autonomous") -> Any | None:
@@ -172,6 +178,7 @@ def build_service(
     bus_url: str | None = None,
     seed: int = 0,
     ray_address: str | None = None,
+    slurm: Mapping[str, Any] | None = None,
     settings: ApiSettings | None = None,
     engine_config: EngineConfig | None = None,
     start_loop: bool = True,
@@ -184,8 +191,25 @@ def build_service(
         if ray_address != "local":
             raise ServeError("--backend ray needs --cluster FILE describing the Ray cluster's nodes")
         cluster = local_cluster()  # a Ray cluster started here, shaped like --backend local's
+    if backend == "slurm" and cluster is DEFAULT_CLUSTER:
+        # the cluster is what Slurm says it is (its node table, the partition's nodes)
+        from mlwe.backends.slurm import SlurmCommands, SlurmError, discover_cluster
+
+        opts = dict(slurm or {})
+        try:
+            cluster = discover_cluster(
+                SlurmCommands(slurm_conf=opts.get("slurm_conf"), bin_dir=opts.get("bin_dir")),
+                opts.get("partition"))
+        except SlurmError as exc:
+            raise ServeError(f"the slurm backend cannot read Slurm's nodes: {exc}") from exc
+    if backend == "slurm":
+        slurm = {k: v for k, v in dict(slurm or {}).items() if v is not None}
+        # job scripts, reports and checkpoints must outlive the engine (a restart adopts
+        # its jobs) and be seen by the nodes: under the data dir unless told otherwise
+        slurm.setdefault("run_dir", str(Path(data_dir or ".mlwe") / "slurm"))
     try:
-        inner = make_backend(backend, clock, cluster, seed=seed, ray_address=ray_address)
+        inner = make_backend(backend, clock, cluster, seed=seed, ray_address=ray_address,
+                             slurm=slurm)
     except (ImportError, OSError, RuntimeError, TimeoutError) as exc:
         raise ServeError(f"the {backend} backend did not start: {exc}") from exc
     be = FaultInjector(inner, clock)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-BACKENDS = ("local", "ray")
+BACKENDS = ("local", "ray", "slurm")
 
 
 def bench_backend_command(

@@ -1,5 +1,5 @@
 """What the backend benchmarks share: the engine's loop over one backend, and the
-evict-to-place trial (``mlwe bench backend --backend local|ray``).
+evict-to-place trial (``mlwe bench backend --backend local|ray|slurm``).
 
 :class:`BenchDriver` is the loop the runtime Engine runs (poll, reconcile,
 schedule, send) without the store, reacting as soon as the backend has an

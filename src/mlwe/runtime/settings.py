@@ -51,7 +51,7 @@ ENV_PREFIX = "MLWE_"
 #: The environment variable naming the config file (the ``config`` field).
 ENV_CONFIG = f"{ENV_PREFIX}CONFIG"
 
-Backend = Literal["sim", "local", "ray"]
+Backend = Literal["sim", "local", "ray", "slurm"]
 AgentMode = Literal["autonomous", "approve", "observe"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
@@ -203,9 +203,18 @@ class ServeSettings(MlweSettings):
         default=None, description="data directory of the default SQLite store (./.mlwe)")
     database_url: SecretStr | None = Field(
         default=None, description="SQLAlchemy URL of the store (default: SQLite in data_dir)")
-    backend: Backend = Field(default="sim", description="sim, local or ray")
+    backend: Backend = Field(default="sim", description="sim, local, ray or slurm")
     cluster: Path | None = Field(default=None, description="cluster spec file")
     ray_address: str | None = Field(default=None, description="Ray cluster HOST:PORT or 'local'")
+    slurm_partition: str | None = Field(
+        default=None, min_length=1,
+        description="--backend slurm: the partition whose nodes mlwe schedules (default: all)")
+    slurm_run_dir: Path | None = Field(
+        default=None, description="--backend slurm: a directory shared with the nodes (job"
+        " scripts, reports, checkpoints; default <data_dir>/slurm)")
+    slurm_prefix: str = Field(
+        default="mlwe", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="--backend slurm: marks this engine's jobs (adopted after a restart)")
     bus: str | None = Field(default=None, description="event bus URL (nats://HOST:PORT)")
     generator: bool = Field(default=True, description="run the background workload generator")
     agent: bool = Field(default=True, description="run the agent loop")
