@@ -10,9 +10,26 @@
   slurmd per node) for tests, benchmarks and demos.
 """
 
-from mlwe.backends.slurm.backend import SlurmBackend, SlurmBackendConfig, discover_cluster
-from mlwe.backends.slurm.cluster import LocalSlurmCluster, SlurmNode, slurm_missing
-from mlwe.backends.slurm.commands import SlurmCommands, SlurmError
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlwe.backends.slurm.backend import SlurmBackend, SlurmBackendConfig, discover_cluster
+    from mlwe.backends.slurm.cluster import LocalSlurmCluster, SlurmNode, slurm_missing
+    from mlwe.backends.slurm.commands import SlurmCommands, SlurmError
+
+# imported on first use: a task or actor importing one submodule (e.g. what runs
+# inside a job) must not pay for the engine side (pydantic, the core)
+_EXPORTS = {
+    "SlurmBackend": "mlwe.backends.slurm.backend",
+    "SlurmBackendConfig": "mlwe.backends.slurm.backend",
+    "discover_cluster": "mlwe.backends.slurm.backend",
+    "LocalSlurmCluster": "mlwe.backends.slurm.cluster",
+    "SlurmNode": "mlwe.backends.slurm.cluster",
+    "slurm_missing": "mlwe.backends.slurm.cluster",
+    "SlurmCommands": "mlwe.backends.slurm.commands",
+    "SlurmError": "mlwe.backends.slurm.commands",
+}
 
 __all__ = [
     "LocalSlurmCluster",
@@ -24,3 +41,10 @@ __all__ = [
     "discover_cluster",
     "slurm_missing",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
