@@ -193,7 +193,7 @@ class LocalSlurmCluster:
             "SelectTypeParameters=CR_CPU_Memory",
             "GresTypes=gpu",
             "SchedulerType=sched/backfill",
-            "SchedulerParameters=sched_interval=2,bf_interval=2",
+            "SchedulerParameters=sched_interval=1,bf_interval=1",
             f"SlurmdTimeout={self.slurmd_timeout_s}",
             "SlurmctldTimeout=30",
             "InactiveLimit=0",
