@@ -84,6 +84,28 @@ def gang_is_placed_whole(h: Harness) -> None:
     assert h.rejected() == []
 
 
+def shaped_gang_keeps_its_shape(h: Harness) -> None:
+    """MPI-style gangs: two replicas on each of two nodes, then one per node (spread)."""
+    from mlwe.core.spec import GangShape
+
+    h.start(_nodes(2, cpu="2"))
+    mpi = h.job("mpi", work_s=0.6, replicas=4, cpu="1").model_copy(
+        update={"gang": GangShape(tasks_per_node=2)})
+    h.submit(mpi)
+    h.run_until(lambda: h.state("mpi") is State.SUCCEEDED, timeout=60, what="mpi to succeed")
+    (start,) = h.starts("mpi")
+    assert sorted(a.node for a in start.placement) == ["n0", "n0", "n1", "n1"]
+    assert h.replicas_seen("mpi") == {0, 1, 2, 3}
+    wide = h.job("wide", work_s=0.5, replicas=2, cpu="1").model_copy(
+        update={"gang": GangShape(placement="spread", max_replicas_per_node=1)})
+    h.submit(wide)
+    h.run_until(lambda: h.state("wide") is State.SUCCEEDED, timeout=60, what="wide to succeed")
+    (start,) = h.starts("wide")
+    assert sorted(a.node for a in start.placement) == ["n0", "n1"]
+    assert h.replicas_seen("wide") == {0, 1}
+    assert h.rejected() == []
+
+
 def crash_is_retried_with_backoff_until_the_limit(h: Harness) -> None:
     h.start(_nodes(1))
     h.submit(h.job("crashy", work_s=0.6, crash=(0.3, 3), max_retries=2))
@@ -133,6 +155,7 @@ SCENARIOS: list[Callable[[Harness], None]] = [
     submit_and_complete,
     urgent_preempts_and_victim_resumes,
     gang_is_placed_whole,
+    shaped_gang_keeps_its_shape,
     crash_is_retried_with_backoff_until_the_limit,
     lost_node_work_is_requeued_and_finishes_elsewhere,
 ]

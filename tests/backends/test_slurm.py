@@ -306,3 +306,24 @@ def test_a_cluster_spec_slurm_cannot_serve_is_refused(tmp_path: Path) -> None:
     assert "node nowhere is not a Slurm node" in text
     assert "node n2: declares 1 GPUs, Slurm's GRES has 0" in text
     assert json.dumps(text)  # one readable message
+
+
+def test_serve_builds_an_engine_over_the_discovered_slurm_cluster(tmp_path: Path) -> None:
+    from mlwe.api.serve import build_service
+    from tests.backends.slurm_cluster import new_prefix, slurm_cluster
+
+    cl = slurm_cluster()
+    svc = build_service(backend="slurm", data_dir=tmp_path / "data", generator=False,
+                        agent=False, start_loop=False,
+                        slurm={"slurm_conf": str(cl.conf), "prefix": new_prefix("serve"),
+                               "partition": None})
+    try:
+        nodes = {n.name: n for n in svc.engine.cp.capacity.nodes()}
+        assert set(nodes) == {"n0", "n1", "n2"}
+        assert nodes["n0"].gpu_model == "T4"
+        backend = svc.engine.backend
+        inner = getattr(backend, "inner", backend)
+        assert inner.name == "slurm"
+        assert Path(inner.run_dir) == (tmp_path / "data" / "slurm").resolve()
+    finally:
+        svc.close()
