@@ -190,3 +190,4 @@ def test_shaped_gang_preempts_for_whole_nodes() -> None:
     assert per_node(g.placement) == dict.fromkeys(freed, 4)  # the victims' nodes, whole
     run_to_running(cp, ["mpi"])
     assert cp.validate_state() == []
+

@@ -279,7 +279,13 @@ def inadmissible(cp: ControlPlane, spec: WorkloadSpec, now: float) -> list[str]:
                 cap.ram // r.memory if r.memory else spec.replicas]
         if r.gpu:
             fits.append(cap.gpu // r.gpu)
-        room += min(fits)
+        n = min(fits)
+        g = spec.gang  # a shaped gang: a node holds whole groups of tasks_per_node, or a capped few
+        if g is not None and g.tasks_per_node:
+            n -= n % g.tasks_per_node
+        elif g is not None and g.max_replicas_per_node:
+            n = min(n, g.max_replicas_per_node)
+        room += n
         if room >= spec.replicas:
             break
     if room == 0:
