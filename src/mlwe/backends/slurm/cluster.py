@@ -250,7 +250,8 @@ class LocalSlurmCluster:
         )
 
     def kill_node(self, name: str) -> None:
-        """The machine is lost: SIGKILL its slurmd, its step daemons and its jobs' processes."""
+        """The machine is lost: SIGKILL its slurmd, its step daemons and its jobs' processes
+        (the tasks outlive a killed slurmstepd on one host; on a lost machine they die)."""
         p = self._procs.pop(f"slurmd:{name}", None)
         if p is not None and p.poll() is None:
             p.kill()
@@ -260,19 +261,26 @@ class LocalSlurmCluster:
                 os.kill(pid, signal.SIGKILL)
 
     def _node_pids(self, name: str | None) -> list[int]:
-        """Processes started by this cluster's slurmd for node ``name`` (any node if None)."""
+        """Processes of this cluster on node ``name`` (any node if None): its slurmd and
+        step daemons (``MLWE_SLURM_TAG``/``MLWE_SLURM_NODE``, inherited from slurmd) and
+        its jobs' tasks and programs (``SLURM_CONF`` of this cluster, ``SLURMD_NODENAME``)."""
         out = []
-        want_tag = f"MLWE_SLURM_TAG={self.tag}".encode()
+        tag = f"MLWE_SLURM_TAG={self.tag}".encode()
+        conf = f"SLURM_CONF={self.conf}".encode()
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
                 continue
             try:
-                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                env = set(Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"))
             except OSError:
                 continue
-            if want_tag not in env:
+            if tag in env:
+                mine = name is None or f"MLWE_SLURM_NODE={name}".encode() in env
+            elif conf in env and any(e.startswith(b"SLURMD_NODENAME=") for e in env):
+                mine = name is None or f"SLURMD_NODENAME={name}".encode() in env
+            else:
                 continue
-            if name is None or f"MLWE_SLURM_NODE={name}".encode() in env:
+            if mine:
                 out.append(int(entry))
         return out
 
