@@ -14,7 +14,9 @@ control plane, scheduler and reconciler (the runtime Engine's loop):
   wrapper, the program). ``evict_to_place_*`` excludes the victim's own time
   between SIGTERM and its exit (as its task wrapper measured it);
   ``evict_to_place_total_*`` includes it.
-- **start**: from the ``sbatch`` to ``Started``, ``start_to_running_*``.
+- **start**: from the ``sbatch`` to ``Started``, ``start_to_running_*``; and the
+  release leg, from the decision until Slurm confirmed the victim's job over,
+  ``release_confirmed_*``.
 - **overhead**: ``workloads`` synthetic workloads running at once as that many
   Slurm jobs. The engine process's CPU (its own threads: the backend's
   tailing of report files and parsing of squeue/sinfo JSON) and, separately,
@@ -101,11 +103,16 @@ def _evict_to_place(d: BenchDriver, backend: SlurmBackend, trials: int, grace_s:
     def stop_wait(victim: str) -> float:
         return float((backend.attempt_info(victim, 1) or {}).get("stop_wait_s") or 0.0)
 
+    releases: list[float] = []  # victim PREEMPTING -> PREEMPTED (Slurm confirmed the job over)
+
     def record_starts(victim: str, urgent: str) -> None:
         for wid in (victim, urgent):
             s = (backend.attempt_info(wid, 1) or {}).get("started_s")
             if s is not None:
                 starts.append(float(s))
+        hist = {t.target: t.time for t in d.cp.get(victim).history}
+        if State.PREEMPTING in hist and State.PREEMPTED in hist:
+            releases.append(hist[State.PREEMPTED] - hist[State.PREEMPTING])
 
     trials_out = evict_to_place(
         d, trials,
@@ -120,6 +127,8 @@ def _evict_to_place(d: BenchDriver, backend: SlurmBackend, trials: int, grace_s:
         **trials_out.figures(grace_s),
         "start_to_running_p50_ms": ms(starts, 0.5),
         "start_to_running_p99_ms": ms(starts, 0.99),
+        "release_confirmed_p50_ms": ms(releases, 0.5),
+        "release_confirmed_p99_ms": ms(releases, 0.99),
     }
 
 

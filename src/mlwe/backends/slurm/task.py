@@ -104,8 +104,14 @@ def main(argv: list[str]) -> int:
     if "OMP_NUM_THREADS" not in (meta.get("env") or {}):
         env["OMP_NUM_THREADS"] = str(max(1, int(meta.get("cpus_per_replica", 1))))
     term = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: term.set())
-    signal.signal(signal.SIGINT, lambda *_: term.set())
+    term_at: list[float] = []
+
+    def on_term(*_: Any) -> None:
+        term_at.append(time.monotonic())
+        term.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
     proc = ReplicaProcess(meta["command"], env, log_path=str(adir / f"r{index}.log"))
     try:
         pid = proc.start()
@@ -141,6 +147,10 @@ def main(argv: list[str]) -> int:
             out.write("sample", replica=index, node=node, metrics=proc.sample())
     if stopper is not None:
         stopper.join(30)
+    if term_at and "stop_s" not in stop_result:
+        # Slurm signals every process of the step: the program may have exited on its
+        # own SIGTERM before the stopper ran
+        stop_result.update(forced=False, stop_s=round(time.monotonic() - term_at[0], 4))
     proc.finish_reports()
     for r in proc.drain_reports():
         out.write("report", replica=index, data=r)
