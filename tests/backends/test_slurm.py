@@ -229,6 +229,23 @@ def test_gpus_are_gres_and_each_replica_gets_its_own(h: SlurmHarness) -> None:
     assert all(t.metrics["count"] == 1.0 for t in h.metrics("g") if "count" in t.metrics)
 
 
+def test_a_broken_gang_ends_whole(h: SlurmHarness) -> None:
+    """Replica 1 fails at once; replica 0 would run a minute: the job is ended, the
+    attempt fails with replica 1's code, nothing keeps running."""
+    prog = ("import os, sys, time; from mlwe import workload as mw;"
+            " mw.report(progress=0.0); time.sleep(0.5);"
+            " sys.exit(3) if os.environ['MLWE_REPLICA'] == '1' else time.sleep(60)")
+    h.start(_nodes(2))
+    h.submit(_spec("broken", replicas=2, command=[sys.executable, "-c", prog]))
+    t0 = time.monotonic()
+    h.run_until(lambda: h.state("broken") is State.FAILED, timeout=45, what="broken to fail")
+    assert time.monotonic() - t0 < 45
+    w = h.cp.get("broken")
+    assert (w.exit_code, w.failure_cause) == (3, "error")
+    info = h.slurm_backend.attempt_info("broken", 1)
+    assert info is not None and all(s in ("FAILED", "CANCELLED") for s in info["slurm_states"])
+
+
 def test_stop_forces_a_program_that_ignores_sigterm(h: SlurmHarness) -> None:
     from mlwe.core.actions import Cancel
 

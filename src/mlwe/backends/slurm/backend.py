@@ -487,7 +487,8 @@ class SlurmBackend:
         for a in live:
             if a.force_at is not None and not a.forced and now >= a.force_at:
                 self._force(a)
-            if a.gang_broken is False and not a.stop_requested and self._failed_replica(a):
+            if (not a.gang_broken and not a.stop_requested and len(a.replicas) > 1
+                    and self._failed_replica(a)):
                 a.gang_broken = True  # the others of a broken gang would only hang
                 self._cancel(a)
         waiting = any(not a.started_emitted or a.stop_requested or a.gang_broken
