@@ -15,9 +15,11 @@ runner = CliRunner()
 
 
 def test_validate_accepts_the_examples() -> None:
-    r = runner.invoke(app, ["validate", str(EXAMPLES / "fine-tune.yaml"), str(EXAMPLES / "batch-jobs.yaml")])
+    r = runner.invoke(app, ["validate", str(EXAMPLES / "fine-tune.yaml"), str(EXAMPLES / "batch-jobs.yaml"),
+                            str(EXAMPLES / "mpi-gang.yaml")])
     assert r.exit_code == 0, r.output
     assert "1 workload spec(s) valid" in r.output and "3 workload spec(s) valid" in r.output
+    assert "mpi-gang.yaml: 2 workload spec(s) valid" in r.output
 
 
 def test_validate_lists_every_error_with_its_field_path() -> None:
