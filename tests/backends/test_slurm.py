@@ -150,6 +150,58 @@ def test_config_refuses_bad_values(kw: dict[str, Any], error: str) -> None:
         SlurmBackendConfig(**kw)
 
 
+class FakeSlurm:
+    """A stand-in for Slurm's commands (named as such): a node table the test sets, no jobs."""
+
+    node_source = "fake"
+
+    def __init__(self) -> None:
+        self.flags = {"n0": frozenset({"IDLE"})}
+
+    def nodes(self) -> list[Any]:
+        from mlwe.backends.slurm.commands import SlurmNodeInfo
+
+        return [SlurmNodeInfo(n, f, cpus=4, memory_mib=4096) for n, f in self.flags.items()]
+
+    def jobs(self) -> list[Any]:
+        return []
+
+
+def test_not_responding_is_a_loss_only_once_it_lasts(tmp_path: Path) -> None:
+    from mlwe.backends.slurm import SlurmBackend
+    from mlwe.core import ClusterSpec
+    from mlwe.core.backend import NodeDown, NodeUp
+
+    fake = FakeSlurm()
+    cfg = SlurmBackendConfig(run_dir=str(tmp_path), node_period_s=0.02, not_responding_s=3600)
+    b = SlurmBackend(ClusterSpec(nodes=(NodeSpec(name="n0", cpu="1", memory="1Gi"),)), cfg,
+                     commands=fake)  # type: ignore[arg-type]
+    seen: list[Any] = []
+
+    def until(pred: Any, what: str) -> None:
+        end = time.monotonic() + 30
+        while not pred():
+            assert time.monotonic() < end, f"timed out waiting for {what}: {seen}"
+            b.wait(0.05)
+            seen.extend(e.fact for e in b.poll())
+
+    try:
+        fake.flags["n0"] = frozenset({"IDLE", "NOT_RESPONDING"})
+        until(lambda: "n0" in b._not_responding, "the flag to be seen")
+        seen.extend(e.fact for e in b.poll())
+        assert not any(isinstance(f, NodeDown) for f in seen)  # a missed ping is no loss
+        b.config.not_responding_s = 0.0  # it has lasted long enough now
+        until(lambda: any(isinstance(f, NodeDown) for f in seen), "NodeDown")
+        fake.flags["n0"] = frozenset({"IDLE"})
+        until(lambda: any(isinstance(f, NodeUp) for f in seen), "NodeUp")
+        b.config.not_responding_s = 3600
+        fake.flags["n0"] = frozenset({"DOWN", "NOT_RESPONDING"})  # Slurm's own verdict: at once
+        until(lambda: sum(isinstance(f, NodeDown) for f in seen) == 2, "the second NodeDown")
+        assert [type(f).__name__ for f in seen] == ["NodeDown", "NodeUp", "NodeDown"]
+    finally:
+        b.close()
+
+
 # ============================================================== real Slurm
 @pytest.fixture
 def h(tmp_path: Path) -> Any:

@@ -28,7 +28,8 @@ The control plane decides admission, placement and preemption; Slurm executes:
   ``oom``, a job that vanished or was cancelled outside mlwe is an error.
 - **Nodes.** Slurm's node table (``scontrol --json show nodes``, ``sinfo --json``
   on 22.05, else ``scontrol -o show nodes``) is read every ``node_period_s``; a
-  node that is DOWN / NOT_RESPONDING / FAIL / ... becomes ``NodeDown`` (its
+  node that is DOWN / FAIL / ... (or NOT_RESPONDING for ``not_responding_s``:
+  one missed ping of a busy slurmd is no loss) becomes ``NodeDown`` (its
   attempts are cancelled: the control plane fails them as node-lost), one that
   comes back ``NodeUp``. :func:`discover_cluster` builds a ClusterSpec from it.
 - **Restarts.** Jobs carry a ``--comment`` naming this engine's prefix, the
@@ -61,7 +62,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard
 
-from mlwe.backends.slurm.commands import SlurmCommands, SlurmError, SlurmJobInfo, SlurmNodeInfo
+from mlwe.backends.slurm.commands import (
+    DOWN_NODE_STATES,
+    SlurmCommands,
+    SlurmError,
+    SlurmJobInfo,
+    SlurmNodeInfo,
+)
 from mlwe.core.actions import Exited, Progress, Released, Started
 from mlwe.core.backend import (
     Command,
@@ -110,6 +117,9 @@ class SlurmBackendConfig:
     squeue_fast_s: float = 0.2
     squeue_slow_s: float = 2.0
     node_period_s: float = 1.0
+    #: a node Slurm flags NOT_RESPONDING (a missed ping, often a busy slurmd) is lost only
+    #: once the flag lasts this long, or when Slurm itself sets it DOWN
+    not_responding_s: float = 5.0
     telemetry_period_s: float = 1.0  # the tasks' CPU/RSS samples
     start_timeout_s: float = 300.0  # a job Slurm keeps pending longer fails to start
     stop_margin_s: float = 10.0  # after the force: Slurm must have ended the job by then
@@ -126,7 +136,7 @@ class SlurmBackendConfig:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
-        for name in ("stop_margin_s", "default_grace_s", "progress_step"):
+        for name in ("stop_margin_s", "default_grace_s", "progress_step", "not_responding_s"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must not be negative, got {v!r}")
@@ -304,6 +314,7 @@ class SlurmBackend:
         self._specs = {n.name: n for n in cluster.all_nodes()}
         self._down: dict[str, bool] = dict.fromkeys(self._specs, False)
         self._gres: dict[str, str] = {}
+        self._not_responding: dict[str, float] = {}  # node -> when first seen so (monotonic)
         self._next_squeue = 0.0
         self._next_nodes = 0.0
         self._closed = False
@@ -835,10 +846,17 @@ class SlurmBackend:
             if n.name not in self._specs:
                 continue
             seen.add(n.name)
-            self._node_state(n.name, n.down, f"Slurm says {n.describe()}")
+            down = n.down
+            if down and not (n.flags - {"NOT_RESPONDING"}) & DOWN_NODE_STATES:
+                # only NOT_RESPONDING: lost once it lasts (Slurm's own DOWN comes later)
+                since = self._not_responding.setdefault(n.name, time.monotonic())
+                down = time.monotonic() - since >= self.config.not_responding_s
+            else:
+                self._not_responding.pop(n.name, None)
+            self._node_state(n.name, down, f"Slurm says {n.describe()}")
             metrics = {"slurm_cpus": float(n.cpus), "slurm_alloc_cpus": float(n.alloc_cpus),
                        "slurm_alloc_memory_mib": float(n.alloc_memory_mib),
-                       "up": 0.0 if n.down else 1.0}
+                       "up": 0.0 if self._down.get(n.name) else 1.0}
             if n.cpu_load is not None:
                 metrics["load_1m"] = n.cpu_load
             if n.free_memory_mib is not None:
