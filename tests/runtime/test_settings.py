@@ -77,7 +77,7 @@ def test_environment_values_are_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("env, expected", [
     ({"MLWE_PORT": "abc"}, "$MLWE_PORT: Input should be a valid integer"),
     ({"MLWE_PORT": "70000"}, "$MLWE_PORT: Input should be less than or equal to 65535 (got '70000')"),
-    ({"MLWE_BACKEND": "k8s"}, "$MLWE_BACKEND: Input should be 'sim', 'local' or 'ray'"),
+    ({"MLWE_BACKEND": "k8s"}, "$MLWE_BACKEND: Input should be 'sim', 'local', 'ray' or 'slurm'"),
     ({"MLWE_SPEED": "0"}, "$MLWE_SPEED: Input should be greater than or equal to 0.01"),
     ({"MLWE_BUS": "redis://x"}, "$MLWE_BUS: Value error, use nats://HOST:PORT"),
     ({"MLWE_GENERATOR": "maybe"}, "$MLWE_GENERATOR: Input should be a valid boolean"),
@@ -145,3 +145,15 @@ def test_serve_show_config_and_a_bad_value_on_the_command_line(
     bad = runner.invoke(app, ["serve", "--show-config"])
     assert bad.exit_code == 2
     assert "$MLWE_PORT: Input should be a valid integer" in bad.output
+
+
+def test_slurm_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLWE_BACKEND", "slurm")
+    monkeypatch.setenv("MLWE_SLURM_PARTITION", "gpu")
+    monkeypatch.setenv("MLWE_SLURM_RUN_DIR", "/shared/mlwe")
+    s = ServeSettings.load()
+    assert (s.backend, s.slurm_partition, str(s.slurm_run_dir), s.slurm_prefix) == (
+        "slurm", "gpu", "/shared/mlwe", "mlwe")
+    monkeypatch.setenv("MLWE_SLURM_PREFIX", "has space")
+    with pytest.raises(SettingsError, match=r"\$MLWE_SLURM_PREFIX: String should match"):
+        ServeSettings.load()
