@@ -560,10 +560,15 @@ class SlurmBackend:
         het = f" --het-group=0-{len(comps) - 1}" if len(comps) > 1 else ""
         task = f"{_sh(cfg.python)} -m mlwe.backends.slurm.task {_sh(str(att.dir))}"
         script = att.dir / "job.sh"
+        stop_file = _sh(str(att.dir / "stop.json"))
         script.write_text(
             "#!/bin/sh\n"
             "# written by mlwe: one srun step, one task per replica\n"
-            f"exec srun --kill-on-bad-exit=1 --unbuffered{het} {task}\n"
+            f"srun --kill-on-bad-exit=1 --unbuffered{het} {task}\n"
+            "rc=$?\n"
+            "# a stop mlwe asked for ends the job cleanly, whatever srun says of its signal\n"
+            f"[ -f {stop_file} ] && exit 0\n"
+            "exit $rc\n"
         )
         common = [f"--job-name={cfg.prefix}:{c.workload}:{c.attempt}",
                   f"--comment={comment_of(cfg.prefix, c.workload, c.attempt, att.dir)}",
