@@ -46,6 +46,8 @@ EXTRAS: Mapping[str, Extra] = {
         Extra("openai", ("openai",), ("openai",),
               "the OpenAI-compatible LLM reasoner of the agent"),
         Extra("adk", ("google-adk",), ("google.adk",), "the Google ADK reasoner of the agent"),
+        Extra("litellm", ("litellm",), ("litellm",),
+              "the ADK reasoner's LiteLLM bridge to a local OpenAI-compatible model"),
         Extra("mlflow", ("mlflow-skinny",), ("mlflow",), "exporting pipeline runs to MLflow"),
     )
 }
