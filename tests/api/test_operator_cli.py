@@ -151,7 +151,7 @@ def test_watch_gives_up_on_a_dead_server_after_its_retries() -> None:
 
 def test_contexts_hold_url_and_token(live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "config.yaml"
-    monkeypatch.setenv("MLWE_CONFIG", str(cfg))
+    monkeypatch.setenv("MLWE_CLIENT_CONFIG", str(cfg))
     monkeypatch.delenv("MLWE_URL", raising=False)
     monkeypatch.delenv("MLWE_TOKEN", raising=False)
     r = runner.invoke(app, ["config", "set-context", "test", "-u", live.url, "-t", live.api.tokens[Role.VIEWER]])

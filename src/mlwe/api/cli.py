@@ -91,7 +91,7 @@ def _call(fn: Callable[[], Any]) -> Any:
 
 # ====================================================================== serve
 def serve_cmd(
-    config: Annotated[Path | None, typer.Option("--config", help="config file (YAML, TOML or JSON); default $MLWE_CONFIG")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="config file (YAML, TOML or JSON); default $MLWE_CLIENT_CONFIG")] = None,
     host: Annotated[str | None, typer.Option(help="address to listen on [$MLWE_HOST; 127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option("--port", "-p", min=1, max=65535, help="[$MLWE_PORT; 8080]")] = None,
     backend: Annotated[str | None, typer.Option(help="sim, local, ray or slurm [$MLWE_BACKEND; sim]")] = None,
