@@ -65,7 +65,7 @@ def test_status_prints_full_ids_and_every_column_when_piped(live: Live) -> None:
 def test_nodes_shows_one_node_and_explains_a_wrong_call(live: Live) -> None:
     r = runner.invoke(app, ["nodes", "t4-0"], env=_env(live, Role.VIEWER))
     assert r.exit_code == 0, r.output
-    assert re.search(r"Node:\s+t4-0", r.output) and re.search(r"Gpus:\s+2xT4", r.output)
+    assert re.search(r"Node:\s+t4-0", r.output) and re.search(r"GPUs:\s+2xT4", r.output)
     r = runner.invoke(app, ["nodes", "t4-0", "x"], env=_env(live, Role.VIEWER))
     assert r.exit_code == 2 and "usage: mlwe nodes [NODE | cordon|uncordon|drain NODE]" in r.output
     r = runner.invoke(app, ["nodes", "cordon"], env=_env(live, Role.OPERATOR))

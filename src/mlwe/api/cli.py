@@ -476,7 +476,10 @@ def nodes_cmd(
         if fmt in (Format.json, Format.yaml, Format.name):
             render([n], [], fmt, raw=n, name=lambda x: str(x["name"]))
             return
-        fields([(col.header.title(), col.get(n)) for col in _node_columns()])
+        labels = {"NODE": "Node", "STATUS": "Status", "GPUS": "GPUs", "FREE-GPU": "Free GPUs", "FREE-CPU": "Free CPUs",
+                  "FREE-MEM": "Free memory", "CAP-CPU": "CPUs", "CAP-MEM": "Memory", "VRAM/GPU": "VRAM per GPU",
+                  "WORKLOADS": "Workloads", "RUNNING": "Holders", "LABELS": "Labels"}
+        fields([(labels.get(col.header, col.header), col.get(n)) for col in _node_columns()])
         if n["devices"]:
             _echo("GPUs:")
             render(n["devices"], [
@@ -768,11 +771,20 @@ def audit_verify(
     raise typer.Exit(1)
 
 
+_NOISE = frozenset({"seq", "time", "version", "inputs_digest", "cause_id", "kind", "workload", "policy",
+                    "candidates", "extra", "hash", "prev_hash"})
+
+
 def _what(p: Mapping[str, Any]) -> str:
-    """An audit payload in one readable line: its action or choice first, then the rest."""
-    head = p.get("action") or p.get("chosen") or p.get("outcome") or p.get("event") or ""
-    rest = {k: v for k, v in p.items() if k not in ("action", "chosen", "outcome", "event")
-            and not isinstance(v, dict | list)}
+    """An audit payload in one readable line: a decision's choice and first reason, else its
+    action (or event, outcome) and its other plain facts."""
+    reasons = p.get("reasons")
+    if p.get("chosen"):
+        first = reasons[0] if isinstance(reasons, list) and reasons else ""
+        return f"{cell(p['chosen'])}" + (f" ({cell(first)})" if first else "")
+    head = p.get("action") or p.get("outcome") or p.get("event") or p.get("type") or ""
+    rest = {k: v for k, v in p.items() if k not in _NOISE and k not in ("action", "outcome", "event", "type")
+            and v not in (None, "", [], {}) and not isinstance(v, dict)}
     return (f"{head} " if head else "") + " ".join(f"{k}={cell(v)}" for k, v in sorted(rest.items())[:8])
 
 
