@@ -186,3 +186,17 @@ def test_version_and_completion() -> None:
     assert r.exit_code == 0 and r.output.strip() == f"mlwe {__version__}"
     r = runner.invoke(app, ["--help"])
     assert "--install-completion" in r.output
+
+
+def test_audit_is_local_where_the_environment_names_the_database(tmp_path: Path) -> None:
+    # a shell in the server's container: MLWE_DATA_DIR set, no server URL given
+    from mlwe.store.db import database_url, make_engine, migrate
+
+    migrate(make_engine(database_url(tmp_path)))
+    r = runner.invoke(app, ["audit", "verify"], env={"MLWE_DATA_DIR": str(tmp_path), "MLWE_URL": None,
+                                                    "MLWE_CLIENT_CONFIG": str(tmp_path / "none.yaml")})
+    assert r.exit_code == 0 and "audit chain ok" in r.output, r.output
+    # with a server named, it asks the server (here: none listens)
+    r = runner.invoke(app, ["audit", "verify", "--url", f"http://127.0.0.1:{free_port()}"],
+                      env={"MLWE_DATA_DIR": str(tmp_path)})
+    assert r.exit_code == 1 and "cannot reach the server" in r.output

@@ -640,8 +640,30 @@ def _local_engine(data_dir: Path | None, database_url: str | None) -> Any:
     return engine
 
 
-def _is_local(local: bool, data_dir: Path | None, database_url: str | None) -> bool:
-    return local or data_dir is not None or database_url is not None
+def _is_local(local: bool, data_dir: Path | None, database_url: str | None, url: str | None,
+              context: str | None) -> bool:
+    """Local mode (open the engine's database) or through a server?
+
+    Local with ``--local``, ``--data-dir`` or ``--database-url``; through a server with
+    ``--url``, ``$MLWE_URL``, ``--context``/``$MLWE_CONTEXT`` or a current context; else
+    local when ``$MLWE_DATA_DIR`` or ``$MLWE_DATABASE_URL`` names the database (a shell
+    in the server's container), and through the default server otherwise."""
+    import os
+
+    if local or data_dir is not None or database_url is not None:
+        return True
+    if url or os.environ.get("MLWE_URL") or context or os.environ.get("MLWE_CONTEXT"):
+        return False
+    # the names of mlwe.store.db.ENV_DATA_DIR / ENV_URL (not imported: that loads SQLAlchemy)
+    if not (os.environ.get("MLWE_DATA_DIR", "").strip() or os.environ.get("MLWE_DATABASE_URL", "").strip()):
+        return False
+    from mlwe.clientconfig import ConfigError
+    from mlwe.clientconfig import context as current
+
+    try:
+        return current() is None
+    except ConfigError:
+        return False
 
 
 _TOKEN_COLUMNS = [
@@ -667,7 +689,7 @@ def token_create(
 ) -> None:
     """Create a token (admin); prints it once (only its hash is stored)."""
     label = name or f"{role}-{int(time.time())}"
-    if not _is_local(local, data_dir, database_url):
+    if not _is_local(local, data_dir, database_url, url, context):
         c = _client(url, token, context)
         r = _call(lambda: c.create_token(label, role))
         if output in (Format.json, Format.yaml):
@@ -710,7 +732,7 @@ def token_list(
 ) -> None:
     """Tokens (ids, names, roles; never the secrets)."""
     fmt = _fmt(output, as_json)
-    if _is_local(local, data_dir, database_url):
+    if _is_local(local, data_dir, database_url, url, context):
         from mlwe.api.auth import TokenStore
 
         items = [{"id": t.id, "name": t.name, "role": t.role.label, "created": t.created, "revoked": t.revoked}
@@ -732,7 +754,7 @@ def token_revoke(
     context: CtxName = None,
 ) -> None:
     """Revoke a token (a running server stops accepting it within seconds)."""
-    if not _is_local(local, data_dir, database_url):
+    if not _is_local(local, data_dir, database_url, url, context):
         c = _client(url, token, context)
         _echo(_call(lambda: c.revoke_token(token_id))["message"])
         return
@@ -754,7 +776,7 @@ def audit_verify(
     context: CtxName = None,
 ) -> None:
     """Check the hash chain; name the first record that does not fit."""
-    if _is_local(local, data_dir, database_url):
+    if _is_local(local, data_dir, database_url, url, context):
         from mlwe.store.audit import AuditLog
 
         v = AuditLog(_local_engine(data_dir, database_url)).verify()
@@ -806,7 +828,7 @@ def audit_show(
     """Why: the audit records of a workload, of one correlation id, or the latest."""
     if as_json:
         output = Format.json
-    if _is_local(local, data_dir, database_url):
+    if _is_local(local, data_dir, database_url, url, context):
         from mlwe.store.audit import AuditLog
 
         if workload is None and correlation is None and kind is None:
