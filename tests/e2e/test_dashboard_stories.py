@@ -145,8 +145,9 @@ def test_node_fails_draws_the_lost_work_as_lost_not_failed(server: tuple[Api, st
     page = _open(browser, url, api.tokens[Role.OPERATOR])
     first = _press(page, "node-fails")
     assert first in victims
-    down = next(n for n in ("a100-0", "a100-1") if first in [w.id for w in api.engine.cp.holders(n)]
-                or api.engine.cp.node_status(n).value == "down")
+    m = re.search(r"node (\S+) lost", page.inner_text("#toast"))
+    assert m, page.inner_text("#toast")
+    down = m.group(1)
     expect(page.locator(f"#node-{down} .nstatus")).to_have_text("down", timeout=20_000)
     chain = page.locator(f"#wl-{first} .chain-states")
     expect(chain).to_contain_text("lost", timeout=20_000)
