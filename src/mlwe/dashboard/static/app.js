@@ -259,7 +259,7 @@
       const label = lost ? `${chipOf(st, causeOf(d.reason)).text} (requeued)` : `${st}${by}`;
       const L = S.loss.get(wid);
       if (L) L.markers.push([ev.time, st]);
-      S.teleEvents.unshift({ time: ev.time, workload: wid, kind: st, text: `${wid} ${label}`, also: d.preempted_by, correlation: ev.correlation_id });
+      S.teleEvents.unshift({ time: ev.time, workload: wid, kind: lost ? "lost" : st, text: `${wid} ${label}`, also: d.preempted_by, correlation: ev.correlation_id });
       S.teleEvents.length = Math.min(S.teleEvents.length, 80);
     }
     mark("workloads", "telemetry", "deadlines");
