@@ -631,7 +631,13 @@ def _local_engine(data_dir: Path | None, database_url: str | None) -> Any:
             _echo(f"error: no engine database at {(d / 'mlwe.db').resolve()}: the schema is missing"
                   f" (give the server's --data-dir, or create one with mlwe db upgrade --data-dir {d})", err=True)
             raise typer.Exit(2)
-    engine = make_engine(resolve(data_dir=data_dir, url=database_url))
+    from mlwe.core.extras import MissingExtra
+
+    try:
+        engine = make_engine(resolve(data_dir=data_dir, url=database_url))
+    except (MissingExtra, ValueError) as exc:  # e.g. a postgres URL without psycopg
+        _echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         check_schema(engine)
     except SchemaError as exc:
