@@ -412,26 +412,29 @@ def db_upgrade(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> No
 
 @events_app.command("dead-letters")
 def events_dead_letters(
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="same as -o json")] = False,
+    output: Annotated[str, typer.Option("--output", "-o", help="table, wide, json, yaml or name")] = "table",
     data_dir: DataDir = None,
     database_url: DatabaseUrl = None,
 ) -> None:
     """List events that failed every retry."""
     from mlwe.bus.consumer import dead_letters
+    from mlwe.output import Column, Format, render, rfc3339
 
-    rows = dead_letters(_store(data_dir, database_url))
-    if as_json:
-        print(json.dumps([{"event_id": d.event_id, "time": d.time, "subject": d.subject,
-                           "error": d.error, "attempts": d.attempts, "replayed": d.replayed,
-                           "processed": d.processed} for d in rows], sort_keys=True))
-        return
-    table = Table(title=f"dead letters ({len(rows)})")
-    for col in ("event", "subject", "attempts", "replayed", "processed", "error"):
-        table.add_column(col)
-    for d in rows:
-        table.add_row(d.event_id, d.subject, str(d.attempts), str(d.replayed), str(d.processed),
-                      d.error[:120])
-    out.print(table)
+    try:
+        fmt = Format.json if as_json else Format(output)
+    except ValueError:
+        err.print(f"-o {output!r}: use table, wide, json, yaml or name", markup=False)
+        raise typer.Exit(2) from None
+    rows = [{"event_id": d.event_id, "time": d.time, "subject": d.subject, "error": d.error,
+             "attempts": d.attempts, "replayed": d.replayed, "processed": d.processed}
+            for d in dead_letters(_store(data_dir, database_url))]
+    render(rows, [
+        Column("EVENT", lambda d: d["event_id"]), Column("TIME", lambda d: rfc3339(d["time"])),
+        Column("SUBJECT", lambda d: d["subject"]), Column("ATTEMPTS", lambda d: d["attempts"]),
+        Column("REPLAYED", lambda d: d["replayed"]), Column("PROCESSED", lambda d: d["processed"]),
+        Column("ERROR", lambda d: d["error"]),
+    ], fmt, raw=rows, name=lambda d: str(d["event_id"]), empty="no dead letters")
 
 
 @events_app.command("replay")

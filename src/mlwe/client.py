@@ -201,6 +201,7 @@ class WorkloadDetail(WorkloadSummary):
     exit_code: int | None
     work_done_s: float
     remaining_estimate_s: float | None
+    now: float | None
 
 
 class Quantities(TypedDict):

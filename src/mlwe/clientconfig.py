@@ -1,7 +1,7 @@
 """Client contexts: named (server URL, token) pairs, like a kubeconfig.
 
-The file is ``$MLWE_CONFIG``, else ``$XDG_CONFIG_HOME/mlwe/config.yaml``
-(``~/.config/mlwe/config.yaml``)::
+The file is ``$MLWE_CLIENT_CONFIG``, else ``$XDG_CONFIG_HOME/mlwe/client.yaml``
+(``~/.config/mlwe/client.yaml``; ``$MLWE_CONFIG`` is the server's config file)::
 
     current-context: prod
     contexts:
@@ -29,11 +29,11 @@ class ConfigError(ValueError):
 
 
 def config_path() -> Path:
-    env = os.environ.get("MLWE_CONFIG")
+    env = os.environ.get("MLWE_CLIENT_CONFIG")
     if env:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "mlwe" / "config.yaml"
+    return Path(base) / "mlwe" / "client.yaml"
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def test_status_prints_full_ids_and_every_column_when_piped(live: Live) -> None:
 def test_nodes_shows_one_node_and_explains_a_wrong_call(live: Live) -> None:
     r = runner.invoke(app, ["nodes", "t4-0"], env=_env(live, Role.VIEWER))
     assert r.exit_code == 0, r.output
-    assert re.search(r"Node:\s+t4-0", r.output) and re.search(r"Gpus:\s+2xT4", r.output)
+    assert re.search(r"Node:\s+t4-0", r.output) and re.search(r"GPUs:\s+2xT4", r.output)
     r = runner.invoke(app, ["nodes", "t4-0", "x"], env=_env(live, Role.VIEWER))
     assert r.exit_code == 2 and "usage: mlwe nodes [NODE | cordon|uncordon|drain NODE]" in r.output
     r = runner.invoke(app, ["nodes", "cordon"], env=_env(live, Role.OPERATOR))
@@ -151,7 +151,7 @@ def test_watch_gives_up_on_a_dead_server_after_its_retries() -> None:
 
 def test_contexts_hold_url_and_token(live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "config.yaml"
-    monkeypatch.setenv("MLWE_CONFIG", str(cfg))
+    monkeypatch.setenv("MLWE_CLIENT_CONFIG", str(cfg))
     monkeypatch.delenv("MLWE_URL", raising=False)
     monkeypatch.delenv("MLWE_TOKEN", raising=False)
     r = runner.invoke(app, ["config", "set-context", "test", "-u", live.url, "-t", live.api.tokens[Role.VIEWER]])
@@ -186,3 +186,17 @@ def test_version_and_completion() -> None:
     assert r.exit_code == 0 and r.output.strip() == f"mlwe {__version__}"
     r = runner.invoke(app, ["--help"])
     assert "--install-completion" in r.output
+
+
+def test_audit_is_local_where_the_environment_names_the_database(tmp_path: Path) -> None:
+    # a shell in the server's container: MLWE_DATA_DIR set, no server URL given
+    from mlwe.store.db import database_url, make_engine, migrate
+
+    migrate(make_engine(database_url(tmp_path)))
+    r = runner.invoke(app, ["audit", "verify"], env={"MLWE_DATA_DIR": str(tmp_path), "MLWE_URL": None,
+                                                    "MLWE_CLIENT_CONFIG": str(tmp_path / "none.yaml")})
+    assert r.exit_code == 0 and "audit chain ok" in r.output, r.output
+    # with a server named, it asks the server (here: none listens)
+    r = runner.invoke(app, ["audit", "verify", "--url", f"http://127.0.0.1:{free_port()}"],
+                      env={"MLWE_DATA_DIR": str(tmp_path)})
+    assert r.exit_code == 1 and "cannot reach the server" in r.output

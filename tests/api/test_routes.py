@@ -222,7 +222,8 @@ def test_audit_query_and_verify(api: Api) -> None:
     v = api.client.get("/api/v1/audit/verify", headers=api.h(V)).json()
     assert v["ok"] and v["checked"] == v["head_seq"] >= 1
     after = api.client.get("/api/v1/audit", params={"after_seq": v["head_seq"] - 1}, headers=api.h(V)).json()
-    assert [a["seq"] for a in after["items"]] == [v["head_seq"]]
+    # records after the cursor, from the head on (the placement's may have been appended since)
+    assert [a["seq"] for a in after["items"]][:1] == [v["head_seq"]]
 
 
 def test_verify_names_the_first_tampered_record(api: Api) -> None:

@@ -124,7 +124,7 @@ def test_urgent_fine_tune_preempts_even_on_an_idle_cluster(server: tuple[Api, st
     assert victim.startswith("background-")  # the work the scenario put there first
     # the story is in view and the panels agree: workloads, reasoning, audit, deadlines
     expect(page.locator(f"#wl-{urgent}")).to_have_class(re.compile("match"), timeout=20_000)
-    assert _in_view(page, f"#wl-{urgent}", "#workloads")
+    assert wait_for(lambda: _in_view(page, f"#wl-{urgent}", "#workloads"), timeout=10)
     expect(page.locator(f"#wl-{victim} .chain-states")).to_contain_text("preempting", timeout=20_000)
     expect(page.locator(f"#wl-{victim}")).to_have_class(re.compile("match"))
     trace = page.locator("#reasoning li[data-source=scheduler]").first
@@ -145,15 +145,16 @@ def test_node_fails_draws_the_lost_work_as_lost_not_failed(server: tuple[Api, st
     page = _open(browser, url, api.tokens[Role.OPERATOR])
     first = _press(page, "node-fails")
     assert first in victims
-    down = next(n for n in ("a100-0", "a100-1") if first in [w.id for w in api.engine.cp.holders(n)]
-                or api.engine.cp.node_status(n).value == "down")
+    m = re.search(r"node (\S+) lost", page.inner_text("#toast"))
+    assert m, page.inner_text("#toast")
+    down = m.group(1)
     expect(page.locator(f"#node-{down} .nstatus")).to_have_text("down", timeout=20_000)
     chain = page.locator(f"#wl-{first} .chain-states")
     expect(chain).to_contain_text("lost", timeout=20_000)
     expect(chain).not_to_contain_text("failed")
     expect(page.locator(f"#wl-{first}")).to_have_class(re.compile("match"))
     expect(page.locator("#telemetry-events")).to_contain_text(f"{first} lost (requeued)")
-    assert _in_view(page, f"#wl-{first}", "#workloads")
+    assert wait_for(lambda: _in_view(page, f"#wl-{first}", "#workloads"), timeout=10)
     _shot(page, "scenario-node-fails")
     assert page.errors == []
 
@@ -201,11 +202,11 @@ def test_the_filter_brings_a_match_into_view_and_stays_in_the_url(server: tuple[
     row = "#wl-job-03"
     expect(page.locator(row)).to_have_class(re.compile("match"), timeout=20_000)
     assert page.input_value("#filter") == "job-03"
-    assert _in_view(page, row, "#workloads")
+    assert wait_for(lambda: _in_view(page, row, "#workloads"), timeout=10)
     page.fill("#filter", "job-71")
     expect(page.locator("#wl-job-71")).to_have_class(re.compile("match"))
     assert "filter=job-71" in page.url
-    assert _in_view(page, "#wl-job-71", "#workloads")
+    assert wait_for(lambda: _in_view(page, "#wl-job-71", "#workloads"), timeout=10)
     page.reload()
     expect(page.locator("#wl-job-71")).to_have_class(re.compile("match"), timeout=20_000)
     assert page.input_value("#filter") == "job-71"

@@ -31,7 +31,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from mlwe.agent.reasoners.base import Reasoner
 
-agent_app = typer.Typer(help="The autonomic agent: scenario evaluations.", no_args_is_help=True)
+agent_app = typer.Typer(help="The autonomic agent: status, mode, approvals (through a server) and scenario evaluations.", no_args_is_help=True)
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 

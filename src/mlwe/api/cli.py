@@ -91,7 +91,7 @@ def _call(fn: Callable[[], Any]) -> Any:
 
 # ====================================================================== serve
 def serve_cmd(
-    config: Annotated[Path | None, typer.Option("--config", help="config file (YAML, TOML or JSON); default $MLWE_CONFIG")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="config file (YAML, TOML or JSON); default $MLWE_CLIENT_CONFIG")] = None,
     host: Annotated[str | None, typer.Option(help="address to listen on [$MLWE_HOST; 127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option("--port", "-p", min=1, max=65535, help="[$MLWE_PORT; 8080]")] = None,
     backend: Annotated[str | None, typer.Option(help="sim, local, ray or slurm [$MLWE_BACKEND; sim]")] = None,
@@ -476,7 +476,10 @@ def nodes_cmd(
         if fmt in (Format.json, Format.yaml, Format.name):
             render([n], [], fmt, raw=n, name=lambda x: str(x["name"]))
             return
-        fields([(col.header.title(), col.get(n)) for col in _node_columns()])
+        labels = {"NODE": "Node", "STATUS": "Status", "GPUS": "GPUs", "FREE-GPU": "Free GPUs", "FREE-CPU": "Free CPUs",
+                  "FREE-MEM": "Free memory", "CAP-CPU": "CPUs", "CAP-MEM": "Memory", "VRAM/GPU": "VRAM per GPU",
+                  "WORKLOADS": "Workloads", "RUNNING": "Holders", "LABELS": "Labels"}
+        fields([(labels.get(col.header, col.header), col.get(n)) for col in _node_columns()])
         if n["devices"]:
             _echo("GPUs:")
             render(n["devices"], [
@@ -632,15 +635,41 @@ def _local_engine(data_dir: Path | None, database_url: str | None) -> Any:
 
     try:
         engine = make_engine(resolve(data_dir=data_dir, url=database_url))
+    except (MissingExtra, ValueError) as exc:  # e.g. a postgres URL without psycopg
+        _echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
         check_schema(engine)
-    except (SchemaError, MissingExtra) as exc:
+    except SchemaError as exc:
         _echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     return engine
 
 
-def _is_local(local: bool, data_dir: Path | None, database_url: str | None) -> bool:
-    return local or data_dir is not None or database_url is not None
+def _is_local(local: bool, data_dir: Path | None, database_url: str | None, url: str | None,
+              context: str | None) -> bool:
+    """Local mode (open the engine's database) or through a server?
+
+    Local with ``--local``, ``--data-dir`` or ``--database-url``; through a server with
+    ``--url``, ``$MLWE_URL``, ``--context``/``$MLWE_CONTEXT`` or a current context; else
+    local when ``$MLWE_DATA_DIR`` or ``$MLWE_DATABASE_URL`` names the database (a shell
+    in the server's container), and through the default server otherwise."""
+    import os
+
+    if local or data_dir is not None or database_url is not None:
+        return True
+    if url or os.environ.get("MLWE_URL") or context or os.environ.get("MLWE_CONTEXT"):
+        return False
+    # the names of mlwe.store.db.ENV_DATA_DIR / ENV_URL (not imported: that loads SQLAlchemy)
+    if not (os.environ.get("MLWE_DATA_DIR", "").strip() or os.environ.get("MLWE_DATABASE_URL", "").strip()):
+        return False
+    from mlwe.clientconfig import ConfigError
+    from mlwe.clientconfig import context as current
+
+    try:
+        return current() is None
+    except ConfigError:
+        return False
 
 
 _TOKEN_COLUMNS = [
@@ -666,7 +695,7 @@ def token_create(
 ) -> None:
     """Create a token (admin); prints it once (only its hash is stored)."""
     label = name or f"{role}-{int(time.time())}"
-    if not _is_local(local, data_dir, database_url):
+    if not _is_local(local, data_dir, database_url, url, context):
         c = _client(url, token, context)
         r = _call(lambda: c.create_token(label, role))
         if output in (Format.json, Format.yaml):
@@ -709,7 +738,7 @@ def token_list(
 ) -> None:
     """Tokens (ids, names, roles; never the secrets)."""
     fmt = _fmt(output, as_json)
-    if _is_local(local, data_dir, database_url):
+    if _is_local(local, data_dir, database_url, url, context):
         from mlwe.api.auth import TokenStore
 
         items = [{"id": t.id, "name": t.name, "role": t.role.label, "created": t.created, "revoked": t.revoked}
@@ -731,7 +760,7 @@ def token_revoke(
     context: CtxName = None,
 ) -> None:
     """Revoke a token (a running server stops accepting it within seconds)."""
-    if not _is_local(local, data_dir, database_url):
+    if not _is_local(local, data_dir, database_url, url, context):
         c = _client(url, token, context)
         _echo(_call(lambda: c.revoke_token(token_id))["message"])
         return
@@ -753,7 +782,7 @@ def audit_verify(
     context: CtxName = None,
 ) -> None:
     """Check the hash chain; name the first record that does not fit."""
-    if _is_local(local, data_dir, database_url):
+    if _is_local(local, data_dir, database_url, url, context):
         from mlwe.store.audit import AuditLog
 
         v = AuditLog(_local_engine(data_dir, database_url)).verify()
@@ -770,11 +799,20 @@ def audit_verify(
     raise typer.Exit(1)
 
 
+_NOISE = frozenset({"seq", "time", "version", "inputs_digest", "cause_id", "kind", "workload", "policy",
+                    "candidates", "extra", "hash", "prev_hash"})
+
+
 def _what(p: Mapping[str, Any]) -> str:
-    """An audit payload in one readable line: its action or choice first, then the rest."""
-    head = p.get("action") or p.get("chosen") or p.get("outcome") or p.get("event") or ""
-    rest = {k: v for k, v in p.items() if k not in ("action", "chosen", "outcome", "event")
-            and not isinstance(v, dict | list)}
+    """An audit payload in one readable line: a decision's choice and first reason, else its
+    action (or event, outcome) and its other plain facts."""
+    reasons = p.get("reasons")
+    if p.get("chosen"):
+        first = reasons[0] if isinstance(reasons, list) and reasons else ""
+        return f"{cell(p['chosen'])}" + (f" ({cell(first)})" if first else "")
+    head = p.get("action") or p.get("outcome") or p.get("event") or p.get("type") or ""
+    rest = {k: v for k, v in p.items() if k not in _NOISE and k not in ("action", "outcome", "event", "type")
+            and v not in (None, "", [], {}) and not isinstance(v, dict)}
     return (f"{head} " if head else "") + " ".join(f"{k}={cell(v)}" for k, v in sorted(rest.items())[:8])
 
 
@@ -796,7 +834,7 @@ def audit_show(
     """Why: the audit records of a workload, of one correlation id, or the latest."""
     if as_json:
         output = Format.json
-    if _is_local(local, data_dir, database_url):
+    if _is_local(local, data_dir, database_url, url, context):
         from mlwe.store.audit import AuditLog
 
         if workload is None and correlation is None and kind is None:

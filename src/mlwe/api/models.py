@@ -103,6 +103,7 @@ class WorkloadDetail(WorkloadSummary):
     exit_code: int | None
     work_done_s: float
     remaining_estimate_s: float | None
+    now: float | None = Field(default=None, description="the engine's clock when read (ages are now - time)")
 
 
 class WorkloadList(_Out):

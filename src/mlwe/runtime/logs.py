@@ -26,7 +26,10 @@ correlation_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("mlw
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
 # what a LogRecord holds of its own; everything else was passed in ``extra=``
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "taskName",
+    "color_message",  # uvicorn's terminal-coloured copy of the message
+}
 
 
 class LogConfigError(ValueError):
@@ -103,4 +106,6 @@ def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | N
         lg.handlers.clear()
         lg.propagate = True
     logging.getLogger("uvicorn.access").disabled = True  # mlwe.access writes the access log
+    if level.lower() != "debug":  # schema-migration chatter at every start
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     return handler

@@ -288,7 +288,8 @@ def get_workload(
         w = eng.cp.workloads.get(workload_id)
         if w is None:
             raise _not_found(workload_id)
-        return views.workload_detail(w, eng.cp.now(), eng.cp)
+        now = eng.cp.now()
+        return {**views.workload_detail(w, now, eng.cp), "now": now}
 
 
 @router.get(

@@ -152,9 +152,12 @@
     const scope = root || document;
     document.body.classList.toggle("filtering", !!S.filter);
     for (const n of scope.querySelectorAll("[data-workload]")) n.classList.toggle("match", matches(n));
+    // after a panel's render (its new order), not on the keystroke: that would scroll to
+    // where the match was before the story was sorted first
     for (const id of [...S.reveal]) {
       const box = $(id);
-      const first = box && box.querySelector(".match");
+      if (!root || !box || !(root === box || root.contains(box))) continue;
+      const first = box.querySelector(".match");
       if (first) { scrollWithin(box, first); S.reveal.delete(id); }
     }
   }
@@ -259,7 +262,7 @@
       const label = lost ? `${chipOf(st, causeOf(d.reason)).text} (requeued)` : `${st}${by}`;
       const L = S.loss.get(wid);
       if (L) L.markers.push([ev.time, st]);
-      S.teleEvents.unshift({ time: ev.time, workload: wid, kind: st, text: `${wid} ${label}`, also: d.preempted_by, correlation: ev.correlation_id });
+      S.teleEvents.unshift({ time: ev.time, workload: wid, kind: lost ? "lost" : st, text: `${wid} ${label}`, also: d.preempted_by, correlation: ev.correlation_id });
       S.teleEvents.length = Math.min(S.teleEvents.length, 80);
     }
     mark("workloads", "telemetry", "deadlines");
