@@ -72,7 +72,7 @@ class SchedulerConfig:
     #: evict an equal now only if its GPUs x the work it would lose is at most
     #: this share of the preemptor's GPUs x the time to the victim's next
     #: checkpoint; otherwise the scheduler wakes then and looks again
-    gain_wait_share: float = 0.25
+    gain_wait_share: float = 0.1
 
 
 @dataclass(slots=True)
