@@ -94,9 +94,9 @@ class SizeAware:
 
     Within a priority (highest first):
     1. workloads whose deadline is still feasible by the estimate and urgent
-       (0 <= slack < ``urgency_horizon_s``, slack = deadline - now - expected
-       remaining time: the learned estimate, else the user's, else 0), least
-       slack first;
+       (0 <= slack < max(``urgency_horizon_s``, ``urgency_ratio`` x expected
+       remaining time), slack = deadline - now - expected remaining time: the
+       learned estimate, else the user's, else 0), least slack first;
     2. then every other workload (no deadline, a deadline far off, or one that
        can no longer be met: it is not left behind everything, it competes by
        size like the rest) by a virtual start time: the moment it entered the
@@ -122,13 +122,18 @@ class SizeAware:
         urgency_horizon_s: float = 2 * 3600.0,
         las_quantum_s: float = 600.0,
         aging: float = 1.0,
+        urgency_ratio: float = 1.0,
     ) -> None:
         self.estimator = estimator
         self.urgency_horizon_s = urgency_horizon_s
+        #: a deadline is also urgent while its slack is under this many times the
+        #: work it has left (long jobs need their turn earlier)
+        self.urgency_ratio = urgency_ratio
         self.las_quantum_s = las_quantum_s
         self.aging = aging
-        # id -> (attained, learned count, latest feasible start, virtual start, rule)
-        self._keys: dict[str, tuple[float, int, float, float, str]] = {}
+        # id -> (attained, learned count, latest feasible start, virtual start, rule,
+        # urgency window)
+        self._keys: dict[str, tuple[float, int, float, float, str, float]] = {}
 
     def remaining(self, w: Workload, now: float) -> float | None:
         """Expected seconds left: the learned estimate, else the user's, else None."""
@@ -138,7 +143,7 @@ class SizeAware:
             return float(est.remaining_s)
         return w.remaining_estimate(now)
 
-    def _entry(self, w: Workload, now: float) -> tuple[float, int, float, float, str]:
+    def _entry(self, w: Workload, now: float) -> tuple[float, int, float, float, str, float]:
         a = attained(w, now)
         got = self._keys.get(w.id)
         est = self.estimator
@@ -163,10 +168,12 @@ class SizeAware:
         since = w.history[-1].time if w.history else w.submit_time
         entered = since if a > 0 else w.submit_time
         latest = INF
+        window = self.urgency_horizon_s
         if w.deadline is not None:
             rem = self.remaining(w, now)
             latest = w.deadline - (rem or 0.0)
-        got = (a, est.learned, latest, entered + self.aging * per_gpu, rule)
+            window = max(window, self.urgency_ratio * (rem or 0.0))
+        got = (a, est.learned, latest, entered + self.aging * per_gpu, rule, window)
         if len(self._keys) > 200_000:
             self._keys.clear()
         self._keys[w.id] = got
@@ -175,7 +182,7 @@ class SizeAware:
     def key(self, w: Workload, now: float) -> tuple[int, int, float, int]:
         e = self._entry(w, now)
         latest = e[2]
-        if latest < INF and 0.0 <= latest - now < self.urgency_horizon_s:
+        if latest < INF and 0.0 <= latest - now < e[5]:
             return (-w.priority, 0, latest, w.seq)
         return (-w.priority, 1, e[3], w.seq)
 
