@@ -180,7 +180,8 @@ class WorkloadSummary(TypedDict):
     preemptions: int
     nodes: list[str]
     pending_reason: str
-    owner: str | None
+    owner: str | None  # the name of the token that submitted it
+    owner_subject: str | None  # the token's id: what owns it (unique, never reused)
     correlation_id: str | None
     lifecycle: list[str]
     lifecycle_causes: list[str | None]
@@ -298,12 +299,21 @@ class ActionResult(TypedDict):
     rejections: list[str]
 
 
+class TokenPolicy(TypedDict):
+    queues: list[str] | None  # None: any queue
+    max_priority: int | None  # None: any priority
+    max_priority_class: str | None
+    allow_protected: bool
+
+
 class TokenInfo(TypedDict):
     id: str
     name: str
     role: str
     created: float
     revoked: bool
+    subject: str
+    policy: TokenPolicy
 
 
 class TokenCreated(TokenInfo):
@@ -636,8 +646,18 @@ class Client:
         out: list[TokenInfo] = self.get("tokens")["items"]
         return out
 
-    def create_token(self, name: str, role: str) -> TokenCreated:
-        out: TokenCreated = self.post("tokens", {"name": name, "role": role})
+    def create_token(
+        self, name: str, role: str, *, queues: list[str] | None = None,
+        max_priority: int | str | None = None, allow_protected: bool = True,
+    ) -> TokenCreated:
+        """A token (admin); with a policy: the queues it may submit to, its highest
+        priority (an integer or a class name), whether it may submit protected work."""
+        body: dict[str, Any] = {"name": name, "role": role, "allow_protected": allow_protected}
+        if queues is not None:
+            body["queues"] = list(queues)
+        if max_priority is not None:
+            body["max_priority"] = max_priority
+        out: TokenCreated = self.post("tokens", body)
         return out
 
     def revoke_token(self, token_id: str) -> ActionResult:

@@ -141,11 +141,15 @@ def test_admin_creates_tokens_over_the_api_and_they_carry_their_role(api: Api) -
     assert r.status_code == 201, r.text
     body = r.json()
     me = api.client.get("/api/v1/whoami", headers={"Authorization": f"Bearer {body['token']}"}).json()
-    assert me == {"token_id": body["id"], "name": "ci-bot", "role": "submitter"}
+    assert me == {
+        "token_id": body["id"], "name": "ci-bot", "role": "submitter", "subject": body["id"],
+        "policy": {"queues": None, "max_priority": None, "max_priority_class": None, "allow_protected": True},
+    }
     listed = api.client.get("/api/v1/tokens", headers=api.h(Role.ADMIN)).json()["items"]
     assert all("token" not in t for t in listed)  # never the secret again
     r = api.client.post("/api/v1/tokens", json={"name": "x", "role": "root"}, headers=api.h(Role.ADMIN))
-    assert r.status_code == 422 and "unknown role 'root'" in r.json()["errors"][0]["message"]
+    assert r.status_code == 422 and r.json()["errors"][0]["path"] == "body.role"
+    assert "'viewer', 'submitter', 'operator' or 'admin'" in r.json()["errors"][0]["message"]
 
 
 def test_a_submitter_cancels_only_its_own_workloads(api: Api) -> None:

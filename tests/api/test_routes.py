@@ -44,7 +44,9 @@ def fill_a100s(api: Api) -> None:
 def test_submit_json_one_list_and_mapping_and_yaml_documents(api: Api) -> None:
     r = submit(api, job("one"), headers={**api.h(S), "X-Correlation-ID": "story-42"})
     assert r.status_code == 201, r.text
-    assert r.json()["created"] == ["one"] and r.json()["correlation_id"] == "story-42"
+    subject = api.svc.tokens.verify(api.tokens[S]).subject  # type: ignore[union-attr]
+    cid = f"{subject}.story-42"  # a client's id is filed under its token's subject
+    assert r.json()["created"] == ["one"] and r.json()["correlation_id"] == cid
     assert submit(api, [job("two"), job("three")]).json()["created"] == ["two", "three"]
     assert submit(api, {"workloads": [job("four")]}).json()["created"] == ["four"]
     yaml_text = "id: five\nname: five\nresources: {cpu: 1}\n---\nid: six\nname: six\n"
@@ -53,8 +55,8 @@ def test_submit_json_one_list_and_mapping_and_yaml_documents(api: Api) -> None:
     assert r.status_code == 201, r.text
     assert r.json()["created"] == ["five", "six"]
     w = api.client.get("/api/v1/workloads/one", headers=api.h(V)).json()
-    assert w["owner"] == "submitter-user" and w["correlation_id"] == "story-42"
-    assert w["history"][0]["target"] == "pending" and w["history"][0]["cause_id"] == "story-42"
+    assert w["owner"] == "submitter-user" and w["owner_subject"] == subject and w["correlation_id"] == cid
+    assert w["history"][0]["target"] == "pending" and w["history"][0]["cause_id"] == cid
 
 
 def test_invalid_specs_name_every_field_and_store_nothing(api: Api) -> None:
@@ -196,7 +198,7 @@ def test_cordon_uncordon_and_drain(api: Api) -> None:
     r = c.post("/api/v1/nodes/no-such-node/cordon", headers=api.h(OP))
     assert r.status_code == 404 and api.engine.cp.version == version
     audit = c.get("/api/v1/audit", params={"kind": "operator"}, headers=api.h(V)).json()["items"]
-    assert any(a["payload"].get("action") == "node-status" and a["actor"] == "api:operator-user" for a in audit)
+    assert any(a["payload"].get("action") == "node-status" and a["actor"].startswith("api:operator-user#") for a in audit)
 
 
 # ================================================================== queues
@@ -216,14 +218,20 @@ def test_queues_and_quotas(api: Api) -> None:
 
 # =========================================================== audit, events
 def test_audit_query_and_verify(api: Api) -> None:
-    submit(api, job("a1"), headers={**api.h(S), "X-Correlation-ID": "audit-story"})
-    items = api.client.get("/api/v1/audit", params={"correlation_id": "audit-story"}, headers=api.h(V)).json()["items"]
-    assert items and items[0]["kind"] == "request" and items[0]["actor"] == "api:submitter-user"
+    cid = submit(api, job("a1"), headers={**api.h(S), "X-Correlation-ID": "audit-story"}).json()["correlation_id"]
+    items = api.client.get("/api/v1/audit", params={"correlation_id": cid}, headers=api.h(V)).json()["items"]
+    assert items and items[0]["kind"] == "request" and items[0]["actor"].startswith("api:submitter-user#")
     v = api.client.get("/api/v1/audit/verify", headers=api.h(V)).json()
     assert v["ok"] and v["checked"] == v["head_seq"] >= 1
-    after = api.client.get("/api/v1/audit", params={"after_seq": v["head_seq"] - 1}, headers=api.h(V)).json()
-    # records after the cursor, from the head on (the placement's may have been appended since)
-    assert [a["seq"] for a in after["items"]][:1] == [v["head_seq"]]
+    # the engine keeps running (the scheduler records its decision about a1 whenever it
+    # gets to it), so records after head_seq - 1 are head_seq and whatever came since,
+    # in order, with no gap; limit=1 is exactly head_seq
+    head = v["head_seq"]
+    after = api.client.get("/api/v1/audit", params={"after_seq": head - 1}, headers=api.h(V)).json()
+    seqs = [a["seq"] for a in after["items"]]
+    assert seqs == list(range(head, head + len(seqs))) and seqs, seqs
+    one = api.client.get("/api/v1/audit", params={"after_seq": head - 1, "limit": 1}, headers=api.h(V)).json()
+    assert [a["seq"] for a in one["items"]] == [head]
 
 
 def test_verify_names_the_first_tampered_record(api: Api) -> None:

@@ -8,6 +8,17 @@ useful through timing. Verified tokens are cached briefly in memory so a
 request does not cost a database read; revoking clears the cache at once in
 this process and within ``cache_ttl_s`` in any other.
 
+Ownership rests on the token's **subject**, its id: minted per token, never
+reused (revoked rows stay in the table, the id is its primary key), so a
+second token with the same name, or one re-issued under a revoked name, is a
+different subject and cannot touch the first holder's work. Names are for
+people to read.
+
+Each token also carries an admission **policy** (like a Kueue LocalQueue and
+a K8s PriorityClass admission rule): the queues it may submit to, the
+highest priority it may ask for, and whether it may mark a workload
+``protected``. :func:`policy_denials` checks a submission against it.
+
 Roles are ordered: viewer < submitter < operator < admin. Every API route
 declares the least role it needs with :func:`requires` (or is listed as
 public in ``mlwe.api.app.PUBLIC_PATHS``); the app factory refuses to build
@@ -18,10 +29,12 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 import re
 import secrets
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,11 +42,16 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Engine, insert, select, update
 
+from mlwe.core.spec import DEFAULT_PRIORITY_CLASSES, WorkloadSpec
 from mlwe.store.schema import api_tokens
 
 TOKEN_PREFIX = "mlwe_"
-_TOKEN_RE = re.compile(r"^mlwe_([a-z0-9]{12})_([A-Za-z0-9_-]{43})$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+_TOKEN_RE = re.compile(r"mlwe_([a-z0-9]{12})_([A-Za-z0-9_-]{43})")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
+_QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: A client's X-Correlation-ID: the id rule, short enough to carry the subject's prefix.
+CORRELATION_MAX = 128 - 13
+_CORRELATION_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{CORRELATION_MAX - 1}}}")
 
 
 class Role(enum.IntEnum):
@@ -58,17 +76,92 @@ class Role(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class TokenPolicy:
+    """What a token may submit. ``None`` means no limit on that axis."""
+
+    queues: frozenset[str] | None = None  # the queues it may submit to
+    max_priority: int | None = None  # the highest priority (a class's value) it may ask for
+    allow_protected: bool = True  # whether it may set ``protected: true``
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        queues: Iterable[str] | None = None,
+        max_priority: int | str | None = None,
+        allow_protected: bool = True,
+        classes: Mapping[str, int] = DEFAULT_PRIORITY_CLASSES,
+    ) -> TokenPolicy:
+        """A policy from user input; ValueError names what is wrong."""
+        qs: frozenset[str] | None = None
+        if queues is not None:
+            qs = frozenset(q.strip() for q in queues if q.strip())
+            bad = sorted(q for q in qs if not _QUEUE_RE.fullmatch(q))
+            if bad:
+                raise ValueError(f"invalid queue name(s) {', '.join(map(repr, bad))}")
+            if not qs:
+                raise ValueError("queues: give at least one queue (omit it to allow any)")
+        return cls(qs, parse_priority(max_priority, classes), bool(allow_protected))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queues": None if self.queues is None else sorted(self.queues),
+            "max_priority": self.max_priority,
+            "max_priority_class": priority_label(self.max_priority),
+            "allow_protected": self.allow_protected,
+        }
+
+
+UNRESTRICTED = TokenPolicy()
+
+
+def parse_priority(value: int | str | None, classes: Mapping[str, int] = DEFAULT_PRIORITY_CLASSES) -> int | None:
+    """A priority limit given as an integer or a class name (``high``)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise ValueError("max priority must be an integer or a priority class name")
+    if isinstance(value, int):
+        n = value
+    elif value.strip() in classes:
+        return classes[value.strip()]
+    else:
+        try:
+            n = int(value.strip())
+        except ValueError:
+            known = ", ".join(classes)
+            raise ValueError(f"unknown priority class {value.strip()!r}; known: {known}") from None
+    if not 0 <= n <= 1_000_000:
+        raise ValueError("max priority must be between 0 and 1000000")
+    return n
+
+
+def priority_label(p: int | None, classes: Mapping[str, int] = DEFAULT_PRIORITY_CLASSES) -> str | None:
+    """``100 (high)`` for a class's value, ``70`` otherwise; None for None."""
+    if p is None:
+        return None
+    names = [k for k, v in classes.items() if v == p]
+    return f"{p} ({names[0]})" if names else str(p)
+
+
+@dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the token's id, name and role."""
+    """Who is calling: the token's id (its subject), name, role and admission policy."""
 
     token_id: str
     name: str
     role: Role
+    policy: TokenPolicy = UNRESTRICTED
+
+    @property
+    def subject(self) -> str:
+        """The unique owner of what this token submits: its id, minted once, never reused."""
+        return self.token_id
 
     @property
     def actor(self) -> str:
-        """How the caller appears in audit records."""
-        return f"api:{self.name}"
+        """How the caller appears in audit records (the name to read, the subject to tell apart)."""
+        return f"api:{self.name}#{self.token_id}"
 
     def at_least(self, role: Role) -> bool:
         return self.role >= role
@@ -81,6 +174,52 @@ class TokenInfo:
     role: Role
     created: float
     revoked: bool
+    policy: TokenPolicy = UNRESTRICTED
+
+
+def policy_denials(principal: Principal, specs: Sequence[WorkloadSpec]) -> list[tuple[str, str]]:
+    """What the token's policy does not allow in ``specs``: (field path, reason) per problem.
+
+    Empty when everything is allowed. Paths are ``[i].field`` as in validation
+    errors, so a client sees exactly which workload and field to change.
+    """
+    pol = principal.policy
+    out: list[tuple[str, str]] = []
+    for i, s in enumerate(specs):
+        if pol.queues is not None and s.queue not in pol.queues:
+            out.append((
+                f"[{i}].queue",
+                f"token {principal.name!r} may not submit to queue {s.queue!r};"
+                f" allowed: {', '.join(sorted(pol.queues))}",
+            ))
+        if pol.max_priority is not None and s.priority > pol.max_priority:
+            out.append((
+                f"[{i}].priority",
+                f"priority {priority_label(s.priority)} is above token {principal.name!r}'s"
+                f" highest allowed priority {priority_label(pol.max_priority)}",
+            ))
+        if s.protected and not pol.allow_protected:
+            out.append((f"[{i}].protected", f"token {principal.name!r} may not submit protected workloads"))
+    return out
+
+
+def check_correlation_id(value: str) -> str | None:
+    """Why a client-given X-Correlation-ID is refused (None: it is fine)."""
+    if not _CORRELATION_RE.fullmatch(value):
+        return (
+            f"must be 1 to {CORRELATION_MAX} characters: letters, digits, '.', '_', ':' or '-',"
+            " starting with a letter or digit"
+        )
+    return None
+
+
+def scoped_correlation_id(principal: Principal, value: str) -> str:
+    """A client's correlation id filed under its subject, so no tenant can file under another's.
+
+    The subject is a fixed-width token id, so ``<subject>.<id>`` cannot be
+    produced by any other subject, nor collide with a server-made ``req-`` id.
+    """
+    return f"{principal.subject}.{value}"
 
 
 _MISS = object()
@@ -99,9 +238,9 @@ class TokenStore:
         self._cache: dict[str, tuple[float, Principal | None]] = {}
         self._lock = threading.Lock()
 
-    def create(self, name: str, role: Role) -> tuple[str, TokenInfo]:
+    def create(self, name: str, role: Role, policy: TokenPolicy = UNRESTRICTED) -> tuple[str, TokenInfo]:
         """A new token; the plain text is returned once and never stored."""
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise ValueError(
                 "token name must start with a letter or digit and contain only letters,"
                 " digits, '.', '_', '@' or '-' (at most 128 characters)"
@@ -120,19 +259,25 @@ class TokenStore:
                     token_hash=hash_token(token),
                     created=now,
                     revoked=False,
+                    queues=None if policy.queues is None else json.dumps(sorted(policy.queues)),
+                    max_priority=policy.max_priority,
+                    allow_protected=policy.allow_protected,
                 )
             )
-        return token, TokenInfo(token_id, name, role, now, False)
+        return token, TokenInfo(token_id, name, role, now, False, policy)
 
     def list(self) -> list[TokenInfo]:
         t = api_tokens
         with self.engine.connect() as conn:
             rows: Any = conn.execute(
-                select(t.c.id, t.c.name, t.c.role, t.c.created, t.c.revoked).order_by(t.c.created)
+                select(
+                    t.c.id, t.c.name, t.c.role, t.c.created, t.c.revoked,
+                    t.c.queues, t.c.max_priority, t.c.allow_protected,
+                ).order_by(t.c.created)
             ).all()
         return [
-            TokenInfo(str(i), str(n), Role.parse(str(r)), float(c), bool(rv))
-            for i, n, r, c, rv in rows
+            TokenInfo(str(i), str(n), Role.parse(str(r)), float(c), bool(rv), _policy(q, mp, ap))
+            for i, n, r, c, rv, q, mp, ap in rows
         ]
 
     def revoke(self, token_id: str) -> bool:
@@ -149,7 +294,7 @@ class TokenStore:
 
     def cached(self, token: str) -> Principal | object | None:
         """The cached answer for ``token`` (a principal or None), or ``_MISS``."""
-        if not _TOKEN_RE.match(token):
+        if not _TOKEN_RE.fullmatch(token):
             return None
         with self._lock:
             hit = self._cache.get(hash_token(token))
@@ -159,7 +304,7 @@ class TokenStore:
 
     def verify(self, token: str) -> Principal | None:
         """The principal of a valid, unrevoked token; None for anything else."""
-        if not _TOKEN_RE.match(token):
+        if not _TOKEN_RE.fullmatch(token):
             return None  # malformed: no database read for garbage
         digest = hash_token(token)
         now = time.monotonic()
@@ -170,16 +315,28 @@ class TokenStore:
         t = api_tokens
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(t.c.id, t.c.name, t.c.role, t.c.revoked).where(t.c.token_hash == digest)
+                select(
+                    t.c.id, t.c.name, t.c.role, t.c.revoked,
+                    t.c.queues, t.c.max_priority, t.c.allow_protected,
+                ).where(t.c.token_hash == digest)
             ).first()
         principal = None
         if row is not None and not row[3]:
-            principal = Principal(row[0], row[1], Role.parse(row[2]))
+            principal = Principal(row[0], row[1], Role.parse(row[2]), _policy(row[4], row[5], row[6]))
         with self._lock:
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[digest] = (now + self.cache_ttl_s, principal)
         return principal
+
+
+def _policy(queues: Any, max_priority: Any, allow_protected: Any) -> TokenPolicy:
+    qs = None if queues is None else frozenset(str(q) for q in json.loads(queues))
+    return TokenPolicy(
+        qs,
+        None if max_priority is None else int(max_priority),
+        True if allow_protected is None else bool(allow_protected),
+    )
 
 
 # ================================================================ route guards

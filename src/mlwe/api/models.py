@@ -12,7 +12,7 @@ MiB of RAM), and nodes also give them as in specs (``quantities``: "4",
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,7 +80,11 @@ class WorkloadSummary(_Out):
         " cluster and queue as they are now) or 'waiting' (for capacity)",
     )
     inadmissible_reasons: list[str] = Field(default_factory=list)
-    owner: str | None
+    owner: str | None = Field(description="name of the token that submitted it")
+    owner_subject: str | None = Field(
+        description="subject (token id) that owns it: unique, never reused; null for workloads"
+        " stored before subjects"
+    )
     correlation_id: str | None
     lifecycle: list[str] = Field(description="the states it went through, oldest first (last 12)")
     lifecycle_causes: list[str | None] = Field(
@@ -345,12 +349,21 @@ class HistoryOut(_Out):
     next_since: float | None = Field(description="pass as since for the points after these")
 
 
+class TokenPolicyOut(_Out):
+    queues: list[str] | None = Field(description="queues it may submit to; null: any")
+    max_priority: int | None = Field(description="highest priority it may ask for; null: any")
+    max_priority_class: str | None
+    allow_protected: bool
+
+
 class TokenOut(_Out):
     id: str
     name: str
     role: str
     created: float
     revoked: bool
+    subject: str = Field(description="what owns this token's workloads (its id; never reused)")
+    policy: TokenPolicyOut
 
 
 class TokenList(_Out):
@@ -365,6 +378,8 @@ class WhoAmI(_Out):
     token_id: str
     name: str
     role: str
+    subject: str
+    policy: TokenPolicyOut
 
 
 class Health(_Out):
@@ -390,8 +405,23 @@ class ApprovalDecisionIn(BaseModel):
 
 class TokenCreateIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=128)
-    role: str = Field(description="viewer, submitter, operator or admin")
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+    role: Literal["viewer", "submitter", "operator", "admin"] = Field(
+        description="viewer, submitter, operator or admin"
+    )
+    queues: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="queues the token may submit to (omit: any queue)",
+    )
+    max_priority: (
+        Annotated[int, Field(ge=0, le=1_000_000)]
+        | Literal["best-effort", "low", "batch", "normal", "high", "urgent", "critical"]
+        | None
+    ) = Field(
+        default=None,
+        description="highest priority it may ask for: an integer 0..1000000 or a class name (omit: any)",
+    )
+    allow_protected: bool = Field(default=True, description="whether it may submit protected workloads")
 
 
 class ScenarioIn(BaseModel):

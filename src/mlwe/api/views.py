@@ -17,8 +17,17 @@ from mlwe.core.resources import Resources
 from mlwe.runtime.requests import inadmissible
 from mlwe.store.sanitize import sanitize
 
-#: The label that records which token submitted a workload (set by the API, never by users).
+#: The labels that record which token submitted a workload (set by the API, never by users):
+#: the token's name, for people to read, and its subject (unique, never reused), which is
+#: what ownership checks compare. A workload stored before subjects has the name only.
 OWNER_LABEL = "mlwe.io/owner"
+OWNER_SUBJECT_LABEL = "mlwe.io/owner-subject"
+#: Label keys under this prefix are the engine's to set.
+RESERVED_LABEL_PREFIX = "mlwe.io/"
+
+
+def owner_subject(w: Workload) -> str | None:
+    return w.spec.labels.get(OWNER_SUBJECT_LABEL)
 
 
 def resources(r: Resources) -> dict[str, int]:
@@ -145,6 +154,7 @@ def workload_summary(
         "condition": condition,
         "inadmissible_reasons": why,
         "owner": spec.labels.get(OWNER_LABEL),
+        "owner_subject": spec.labels.get(OWNER_SUBJECT_LABEL),
         "correlation_id": correlation_of(w),
         "lifecycle": [t.target.value for t in w.history[-12:]],
         "lifecycle_causes": [failure_cause(t) for t in w.history[-12:]],

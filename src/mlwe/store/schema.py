@@ -18,10 +18,11 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    true,
 )
 
 #: The Alembic revision this code expects; the engine refuses any other.
-SCHEMA_VERSION = "0003"
+SCHEMA_VERSION = "0004"
 
 metadata = MetaData()
 
@@ -202,6 +203,10 @@ api_tokens = Table(
     Column("token_hash", String(128), nullable=False, unique=True),
     Column("created", Float, nullable=False),
     Column("revoked", Boolean, nullable=False, default=False),
+    # admission policy (migration 0004); NULL: no limit. The token's id is its subject.
+    Column("queues", Text),  # a JSON list of the queues it may submit to
+    Column("max_priority", Integer),  # the highest priority it may ask for
+    Column("allow_protected", Boolean, nullable=False, default=True, server_default=true()),
 )
 
 # ML pipelines: runs, their steps, and the model registry.

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.concurrency import run_in_threadpool
 
-from mlwe.api.auth import Principal, Role, requires
+from mlwe.api.auth import Principal, Role, TokenInfo, TokenPolicy, requires
 from mlwe.api.context import API_PREFIX, ApiContext, get_ctx
 from mlwe.api.errors import ApiError
 from mlwe.api.models import (
@@ -354,11 +354,13 @@ def trigger(
 # ==================================================================== tokens
 @router.get("/tokens", response_model=TokenList, tags=["tokens"], summary="API tokens (never the secrets)")
 def tokens(ctx: Ctx, principal: Annotated[Principal, requires(Role.ADMIN)]) -> dict[str, Any]:
+    return {"items": [token_out(t) for t in ctx.tokens.list()]}
+
+
+def token_out(t: TokenInfo) -> dict[str, Any]:
     return {
-        "items": [
-            {"id": t.id, "name": t.name, "role": t.role.label, "created": t.created, "revoked": t.revoked}
-            for t in ctx.tokens.list()
-        ]
+        "id": t.id, "name": t.name, "role": t.role.label, "created": t.created, "revoked": t.revoked,
+        "subject": t.id, "policy": t.policy.to_dict(),
     }
 
 
@@ -373,17 +375,18 @@ def create_token(
 
     try:
         role = R.parse(body.role)
-        token, info = ctx.tokens.create(body.name, role)
+        policy = TokenPolicy.build(
+            queues=body.queues, max_priority=body.max_priority, allow_protected=body.allow_protected
+        )
+        token, info = ctx.tokens.create(body.name, role, policy)
     except ValueError as exc:
         raise ApiError(422, "invalid token request", [("body", str(exc))]) from None
     audit_note(
         ctx.engine, "config", principal.actor,
-        {"action": "token-create", "token_id": info.id, "name": info.name, "role": role.label},
+        {"action": "token-create", "token_id": info.id, "name": info.name, "role": role.label,
+         "policy": policy.to_dict()},
     )
-    return {
-        "id": info.id, "name": info.name, "role": info.role.label, "created": info.created,
-        "revoked": False, "token": token,
-    }
+    return {**token_out(info), "token": token}
 
 
 @router.delete(
@@ -404,4 +407,7 @@ def revoke_token(
 
 @router.get("/whoami", response_model=WhoAmI, tags=["tokens"], summary="The calling token")
 def whoami(principal: Annotated[Principal, requires(Role.VIEWER)]) -> dict[str, Any]:
-    return {"token_id": principal.token_id, "name": principal.name, "role": principal.role.label}
+    return {
+        "token_id": principal.token_id, "name": principal.name, "role": principal.role.label,
+        "subject": principal.subject, "policy": principal.policy.to_dict(),
+    }

@@ -11,7 +11,15 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from mlwe.api import views
-from mlwe.api.auth import Principal, Role, requires
+from mlwe.api.auth import (
+    CORRELATION_MAX,
+    Principal,
+    Role,
+    check_correlation_id,
+    policy_denials,
+    requires,
+    scoped_correlation_id,
+)
 from mlwe.api.context import API_PREFIX, ApiContext, get_ctx
 from mlwe.api.errors import ApiError
 from mlwe.api.models import (
@@ -33,7 +41,8 @@ router = APIRouter(prefix=API_PREFIX, tags=["workloads"])
 
 Ctx = Annotated[ApiContext, Depends(get_ctx)]
 #: Header values the server accepts (also declared in the OpenAPI schema).
-CORRELATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+#: a client's X-Correlation-ID: the id rule (':' too), short enough to take the subject's prefix
+CORRELATION_ID_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{CORRELATION_MAX - 1}}}$"
 IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:+/=-]{0,254}$"
 WorkloadId = Annotated[str, Path(min_length=1, max_length=128, description="workload id")]
 
@@ -80,13 +89,14 @@ async def _specs(request: Request, ctx: ApiContext) -> list[WorkloadSpec]:
     limit = ctx.settings.max_workloads_per_request
     if len(specs) > limit:
         raise ApiError(413, f"{len(specs)} workloads in one request; the limit is {limit}")
-    for i, s in enumerate(specs):
-        if views.OWNER_LABEL in s.labels:
-            raise ApiError(
-                422,
-                "invalid workload spec",
-                [(f"[{i}].labels.{views.OWNER_LABEL}", "this label is set by the engine")],
-            )
+    reserved = [
+        (f"[{i}].labels.{k}", f"labels under {views.RESERVED_LABEL_PREFIX!r} are set by the engine")
+        for i, s in enumerate(specs)
+        for k in s.labels
+        if k.startswith(views.RESERVED_LABEL_PREFIX)
+    ]
+    if reserved:
+        raise ApiError(422, "invalid workload spec", reserved)
     return specs
 
 
@@ -97,6 +107,11 @@ async def _specs(request: Request, ctx: ApiContext) -> list[WorkloadSpec]:
     summary="Submit workloads (JSON or YAML)",
     openapi_extra=_SPEC_BODY,
     responses={
+        403: {
+            "model": ErrorBody,
+            "description": "the token's role, or its policy (queues, highest priority, protected),"
+            " does not allow it; each error names the field (nothing stored)",
+        },
         409: {"model": ErrorBody, "description": "refused by the control plane (nothing stored)"},
         415: {"model": ErrorBody, "description": "body is neither JSON nor YAML"},
         429: {"model": ErrorBody, "description": "submission rate limit; see Retry-After"},
@@ -108,7 +123,13 @@ async def submit(
     ctx: Ctx,
     principal: Annotated[Principal, requires(Role.SUBMITTER)],
     x_correlation_id: Annotated[
-        str | None, Header(max_length=128, pattern=CORRELATION_ID_PATTERN)
+        str | None,
+        Header(
+            max_length=CORRELATION_MAX,
+            pattern=CORRELATION_ID_PATTERN,
+            description="your id for this request; it is filed under your token's subject"
+            " (the answer's correlation_id is <subject>.<your id>)",
+        ),
     ] = None,
     idempotency_key: Annotated[
         str | None,
@@ -120,6 +141,8 @@ async def submit(
     ] = None,
 ) -> Any:
     """Validate and submit; answers once the workloads are durable."""
+    if x_correlation_id is not None and (why := check_correlation_id(x_correlation_id)):
+        raise ApiError(422, "invalid request", [("header.X-Correlation-ID", why)])
     key = body_hash = None
     if idempotency_key is not None:
         body = await request.body()
@@ -131,6 +154,11 @@ async def submit(
         if replay is not None:
             return replay
     specs = await _specs(request, ctx)
+    denied = policy_denials(principal, specs)
+    if denied:
+        raise ApiError(
+            403, f"token {principal.name!r} is not allowed to submit this; nothing was stored", denied
+        )
     wait = ctx.limiter.take(principal.token_id, len(specs))
     if wait:
         retry = "3600" if math.isinf(wait) else str(max(1, math.ceil(wait)))
@@ -140,11 +168,9 @@ async def submit(
             f" (bursts of {ctx.limiter.burst:g}); retry in {retry} s",
             headers={"Retry-After": retry},
         )
-    owned = [
-        s.model_copy(update={"labels": {**s.labels, views.OWNER_LABEL: principal.name}})
-        for s in specs
-    ]
-    cid = x_correlation_id or new_correlation_id()
+    owner = {views.OWNER_LABEL: principal.name, views.OWNER_SUBJECT_LABEL: principal.subject}
+    owned = [s.model_copy(update={"labels": {**s.labels, **owner}}) for s in specs]
+    cid = scoped_correlation_id(principal, x_correlation_id) if x_correlation_id else new_correlation_id()
     on_durable = None
     if key is not None and body_hash is not None:
         if not ctx.idempotency.claim(key):
@@ -245,7 +271,9 @@ def list_workloads(
         str | None, Query(max_length=200, description="comma-separated states, e.g. running,pending")
     ] = None,
     queue: Annotated[str | None, Query(max_length=128)] = None,
-    owner: Annotated[str | None, Query(max_length=128, description="token name that submitted")] = None,
+    owner: Annotated[
+        str | None, Query(max_length=128, description="token name or subject that submitted")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
 ) -> dict[str, Any]:
@@ -266,7 +294,10 @@ def list_workloads(
         if queue is not None:
             ws = [w for w in ws if w.queue == queue]
         if owner is not None:
-            ws = [w for w in ws if w.spec.labels.get(views.OWNER_LABEL) == owner]
+            ws = [
+                w for w in ws
+                if owner in (w.spec.labels.get(views.OWNER_LABEL), views.owner_subject(w))
+            ]
         total = len(ws)
         cache: views.AdmissionCache = {}
         items = [views.workload_summary(w, now, eng.cp, cache) for w in ws[offset : offset + limit]]
@@ -342,12 +373,16 @@ def cancel(
         w = eng.cp.workloads.get(workload_id)
         if w is None:
             raise _not_found(workload_id)
-        owner = w.spec.labels.get(views.OWNER_LABEL)
-    if not principal.at_least(Role.OPERATOR) and owner != principal.name:
+        owner = views.owner_subject(w)
+        owner_name = w.spec.labels.get(views.OWNER_LABEL)
+    if not principal.at_least(Role.OPERATOR) and owner != principal.subject:
+        who = f"token {owner_name!r} ({owner})" if owner else (
+            f"{owner_name!r} before tokens had subjects" if owner_name else "someone else"
+        )
         raise ApiError(
             403,
-            f"{workload_id} was submitted by {owner or 'someone else'}; a submitter may cancel"
-            " only its own workloads (operators may cancel any)",
+            f"{workload_id} was submitted by {who}; a submitter may cancel only what its own"
+            " token submitted (operators may cancel any)",
         )
     result = eng.cancel(workload_id, actor=principal.actor)
     if not result.accepted:
