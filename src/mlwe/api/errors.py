@@ -1,15 +1,30 @@
-"""One error shape for every failure: ``{"detail": ..., "errors": [{"path", "message"}]}``."""
+"""One error shape for every failure: ``{"detail": ..., "errors": [{"path", "message"}]}``.
+
+That includes the failures nobody planned for: when the database cannot be
+reached (a token looked up, a change persisted, a history read), the answer
+is a JSON 503 saying the store is unavailable and to retry, never a
+plain-text 500; any other unexpected error is a JSON 500 that names no
+internals (the traceback goes to the log).
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlwe.api.models import ErrorBody
+from mlwe.store import db
+
+log = logging.getLogger("mlwe.api")
+
+#: Seconds a client is told to wait before retrying during a store outage.
+STORE_RETRY_AFTER_S = 5
 
 
 class ApiError(Exception):
@@ -41,6 +56,27 @@ def _loc(loc: Any) -> str:
     return out
 
 
+def store_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database cannot be reached (not a bug, not a bad request)."""
+    if isinstance(exc, db.StoreUnavailable | sa_exc.OperationalError | sa_exc.InterfaceError
+                  | sa_exc.TimeoutError | sa_exc.DisconnectionError):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+def unavailable(exc: BaseException | None = None) -> JSONResponse:
+    """The 503 of a store outage (also used by routes that catch the error themselves)."""
+    why = f" ({db._describe(exc)})" if exc is not None else ""
+    detail = (
+        f"the store (database) is unavailable{why}; nothing was changed by this request."
+        f" Retry in {STORE_RETRY_AFTER_S} s"
+    )
+    return JSONResponse(
+        _body(detail, [("", "store unavailable")]), 503,
+        headers={"Retry-After": str(STORE_RETRY_AFTER_S)},
+    )
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -59,6 +95,35 @@ def install(app: FastAPI) -> None:
         ]
         return JSONResponse(_body("invalid request", errors), 422)
 
+    async def _store_error(request: Request, exc: Exception) -> JSONResponse:
+        # handled inside the app (so the security headers and metrics still apply)
+        return await _unexpected(request, exc)
+
+    app.add_exception_handler(sa_exc.SQLAlchemyError, _store_error)
+    app.add_exception_handler(db.StoreUnavailable, _store_error)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette's last resort: without this a database outage (or a bug) is a
+        # plain-text 500 "Internal Server Error"
+        if store_outage(exc) or any(store_outage(c) for c in _causes(exc)):
+            log.warning("store unavailable during %s %s: %s", request.method, request.url.path,
+                        db._describe(exc))
+            return unavailable(exc)
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return JSONResponse(
+            _body("internal error; it has been logged (nothing here names its details)", []), 500
+        )
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cur = exc.__cause__ or exc.__context__
+    while cur is not None and len(out) < 10:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
 
 #: Documented on every route (FastAPI merges them into each operation).
 COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -67,4 +132,6 @@ COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorBody, "description": "the token's role is below what the route needs"},
     413: {"model": ErrorBody, "description": "request body over the size limit"},
     422: {"model": ErrorBody, "description": "invalid input; each problem names its field"},
+    500: {"model": ErrorBody, "description": "an unexpected error (logged; no details given)"},
+    503: {"model": ErrorBody, "description": "the store (database) is unavailable; retry after Retry-After"},
 }
