@@ -527,3 +527,37 @@ def test_an_actor_killed_outside_mlwe_fails_the_attempt_and_leaves_no_process(
     assert any("actor died" in e for e in driver.backend.errors)
     for p in tree:  # the program died with its actor, its child with the reaper
         assert not _alive(p.pid)
+
+
+def test_a_node_loss_the_gcs_has_not_noticed_yet_is_not_blamed_on_the_workload(
+    cluster: Any, tmp_path: Path,
+) -> None:
+    # A node dies: its program is killed a moment before its raylet (a parent-death
+    # signal, the kernel's OOM killer on the whole machine), and its actor reports the
+    # SIGKILL. The GCS needs several missed health checks (seconds, more on a loaded
+    # machine) to say the node died, so the backend must settle the node first: the dead
+    # raylet refuses connections, which shows the node is gone before the GCS says so.
+    import os
+    import signal
+
+    d = Driver(tmp_path, "gcs-late", node_check_period_s=0.1)
+    try:
+        d.submit(_spec("doomed", [*SYNTH, "--work", "60"], max_retries=3))
+        d.run_until(lambda: d.cp.get("doomed").progress > 0, what="doomed to report")
+        info = d.backend.attempt_info("doomed", 1)
+        assert info is not None
+        (rep,) = info["replicas"]
+        node = rep["node"]
+        os.kill(rep["pid"], signal.SIGKILL)
+        cluster.kill_node(node)
+        d.run_until(lambda: any(isinstance(e.fact, NodeDown) and e.fact.node == node for e in d.events),
+                    what=f"{node} to be reported down")
+        d.run_until(lambda: d.cp.get("doomed").attempt >= 2 or d.state("doomed") is State.PENDING,
+                    what="doomed to be requeued")
+        w = d.cp.get("doomed")
+        assert w.failure_cause == "node-lost", (w.failure_cause, d.backend.errors)
+        assert w.failures == 0  # a lost node is not the workload's fault
+        exited = [f for f in d.facts("doomed") if isinstance(f, Exited)]
+        assert all(f.cause == "node-lost" for f in exited), exited
+    finally:
+        d.close()

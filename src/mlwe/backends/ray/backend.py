@@ -54,6 +54,7 @@ import enum
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
@@ -184,7 +185,8 @@ class _Replica:
     stop_result: dict[str, Any] | None = None
     dead: bool = False  # Ray confirmed the actor is gone
     died: str | None = None  # the actor died on its own (error text)
-    died_at: float | None = None
+    died_at: float | None = None  # when an abnormal end (death, kill) was first seen
+    raylet_answered: bool = False  # its node's raylet answered after that: the node lives
 
 
 @dataclass
@@ -296,6 +298,8 @@ class RayBackend:
         self._ray_node: dict[str, str] = {}  # mlwe node -> Ray node id (alive)
         self._down: set[str] = set()
         self._pending_down: dict[str, tuple[float, str]] = {}  # node -> (since, reason)
+        #: Ray nodes whose raylet we found gone before the GCS said so (see _raylet_gone)
+        self._dead_ray_nodes: set[str] = set()
         self._next_node_check = 0.0
         self._next_telemetry = 0.0
         self._state_api: bool | None = self.config.use_state_api
@@ -458,7 +462,7 @@ class RayBackend:
         alive: dict[str, tuple[str, dict[str, float]]] = {}
         for name, entries in ray_node_table().items():
             for node_id, is_alive, res in entries:
-                if is_alive:
+                if is_alive and node_id not in self._dead_ray_nodes:
                     alive[name] = (node_id, res)
         if initial:
             problems = [
@@ -878,18 +882,32 @@ class RayBackend:
                     rep.exit_code, rep.killed_by = _exit_of(value)
                 else:
                     rep.died = str(value)
+        # Settle node loss before blaming the workload. When a node dies its actors are
+        # reported dead, and its programs killed (their parent-death signal), at once;
+        # the GCS says the node died seconds later (more on a loaded machine). An actor
+        # death, or a program killed by a signal, on a node not yet known dead is the
+        # workload's only once the node is shown alive (its raylet answers) or a settle
+        # time has passed without the node dying.
         died = [r for r in att.replicas if r.died is not None]
-        if died:
-            rep = died[0]
+        killed = [r for r in att.replicas if r.exit_code not in (None, 0) and r.killed_by]
+        for rep in (*died, *killed):
             if rep.node in self._down or not self._node_alive(rep.node):
                 return  # the node watcher turns this into NodeDown and tears the attempt down
+            if not rep.raylet_answered:
+                gone = self._raylet_gone(rep.node, rep.ray_node_id)
+                if gone:
+                    return  # its node died, the GCS has not noticed yet: node-lost, not an error
+                rep.raylet_answered = gone is False
+            if rep.died_at is None:
+                rep.died_at = time.monotonic()
+        if died:
+            rep = died[0]
             # an actor on a dying node can be reported dead before its node is: give the node
             # watcher time to tell (longer when Ray's message itself blames the node)
             text = (rep.died or "").lower()
-            if rep.died_at is None:
-                rep.died_at = time.monotonic()
             blames_node = "node" in text and ("died" in text or "dead" in text)
             settle = NODE_DEATH_SETTLE_S if blames_node else self.config.actor_death_settle_s
+            assert rep.died_at is not None
             if time.monotonic() - rep.died_at < settle:
                 return
             att.outcome, att.exit_code = _Outcome.EXITED, -1
@@ -897,6 +915,9 @@ class RayBackend:
             self._error(f"{att.workload}#{att.attempt} replica {rep.index}: actor died: {rep.died}")
             self._begin_teardown(att, force=True)
             return
+        if any(not r.raylet_answered and r.died_at is not None
+               and time.monotonic() - r.died_at < self.config.actor_death_settle_s for r in killed):
+            return  # killed by a signal, node not yet shown alive: wait for the node watcher
         failed = [r for r in att.replicas if r.exit_code not in (None, 0)]
         if failed:
             first = failed[0]
@@ -1030,6 +1051,46 @@ class RayBackend:
     def _node_alive(self, node: str) -> bool:
         self._check_nodes()
         return node not in self._down
+
+    def _raylet_gone(self, node: str, ray_node_id: str | None) -> bool | None:
+        """Settle an actor death before blaming the workload: did its node die with it?
+
+        The GCS marks a Ray node dead only after several missed health checks
+        (seconds; longer on a loaded machine), while the actors of a killed node
+        are reported dead at once. A dead raylet's port refuses connections the
+        moment its process is gone, so a refused connection is a direct witness
+        of the node's death: the node is lost (NodeDown), and the attempt ends as
+        node-lost, not as the workload's error. True: gone (and reported so);
+        False: the raylet answers, the node lives; None: no proof either way (a
+        timeout, no address), the caller keeps its settle time.
+        """
+        if node in self._down:
+            return True
+        rid = ray_node_id or self._ray_node.get(node)
+        if rid is None:
+            return None
+        addr = None
+        try:
+            for n in _ray().nodes():
+                if str(n.get("NodeID")) == rid:
+                    addr = (str(n["NodeManagerAddress"]), int(n["NodeManagerPort"]))
+                    break
+        except Exception as exc:  # the GCS itself is unreachable: no witness
+            log.debug("node table unavailable: %s", exc)
+            return None
+        if addr is None:
+            return None
+        try:
+            with socket.create_connection(addr, timeout=2.0):
+                return False  # the raylet answers: the node is alive
+        except ConnectionRefusedError:
+            pass
+        except OSError:
+            return None  # unreachable or slow: not proof either way
+        self._dead_ray_nodes.add(rid)
+        self._node_lost(node, f"Ray node {rid[:12]} died (its raylet at {addr[0]}:{addr[1]} refuses"
+                              " connections; its actors died with it)")
+        return True
 
     # ================================================================ finishing
     def _finish(self, att: _Attempt) -> None:
