@@ -77,7 +77,7 @@ def _serve(port: int, data_dir: str, token_file: str, clients: int, rate: float,
             hub.publish("telemetry", {"bench": i, "sent_at": time.time(), "node": "bench", "metrics": {}})
         hub.publish("telemetry", {"bench": -1, "sent_at": time.time(), "node": "bench", "metrics": {}})
 
-    if clients:
+    if rate > 0:
         threading.Thread(target=publisher, daemon=True).start()
     try:
         uvicorn.run(svc.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
@@ -223,6 +223,96 @@ async def _sse(url: str, token: str, clients: int, expected: int, timeout_s: flo
     }
 
 
+def _spec(i: int, tag: str) -> dict[str, Any]:
+    return {
+        "id": f"{tag}-{i}", "name": f"{tag} job {i}", "kind": "batch-embedding", "priority": "batch",
+        "resources": {"gpu": 1, "cpu": 1, "memory": "2Gi"}, "gpu_models": ["T4"],
+        "estimated_duration": "10m",
+    }
+
+
+async def _reads(
+    url: str, token: str, *, sse_clients: int, workloads: int, seconds: float, submit_per_s: float,
+) -> dict[str, Any]:
+    """GET latency of the workload list while ``sse_clients`` follow every stream."""
+    import httpx
+
+    host, port = url.removeprefix("http://").split(":")
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    conn = await _Conn.open(host, int(port))
+    for start in range(0, workloads, 100):  # preload: the list has something to show
+        body = json.dumps([_spec(i, "pre") for i in range(start, min(workloads, start + 100))]).encode()
+        status, data = await conn.request("POST", "/api/v1/workloads", headers, body)
+        if status != 201:
+            raise RuntimeError(f"preloading workloads failed: {status} {data[:200]!r}")
+
+    connected = 0
+    events = [0]
+    stop = asyncio.Event()
+    limits = httpx.Limits(max_connections=sse_clients + 4, max_keepalive_connections=sse_clients + 4)
+    sse_headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+    latencies: list[float] = []
+    errors: list[str] = []
+    submitted = 0
+
+    async with httpx.AsyncClient(base_url=url, headers=sse_headers, limits=limits,
+                                 timeout=httpx.Timeout(60, read=None)) as c:
+        async def reader() -> None:
+            nonlocal connected
+            async with c.stream("GET", "/api/v1/streams") as r:
+                connected += 1
+                async for chunk in r.aiter_bytes():
+                    events[0] += chunk.count(b"\ndata: ")
+                    if stop.is_set():
+                        return
+
+        async def submitter(sub: _Conn) -> None:
+            nonlocal submitted
+            t0 = time.perf_counter()
+            while not stop.is_set():
+                body = json.dumps(_spec(submitted, "trickle")).encode()
+                status, data = await sub.request("POST", "/api/v1/workloads", headers, body)
+                if status != 201:
+                    errors.append(f"submit {status}: {data[:120]!r}")
+                submitted += 1
+                delay = t0 + submitted / submit_per_s - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+
+        tasks = [asyncio.create_task(reader()) for _ in range(sse_clients)]
+        deadline = time.monotonic() + 120
+        while connected < sse_clients and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        sub = await _Conn.open(host, int(port))
+        sub_task = asyncio.create_task(submitter(sub))
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t_get = time.perf_counter()
+            status, data = await conn.request("GET", "/api/v1/workloads?limit=100", headers)
+            latencies.append(time.perf_counter() - t_get)
+            if status != 200:
+                errors.append(f"list {status}: {data[:120]!r}")
+            await asyncio.sleep(0.02)  # a dashboard polls; it does not hammer
+        stop.set()
+        await sub_task
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        sub.close()
+    conn.close()
+    return {
+        "reads": len(latencies),
+        "read_p50_ms": round(_pct(latencies, 0.5) * 1000, 1),
+        "read_p99_ms": round(_pct(latencies, 0.99) * 1000, 1),
+        "read_max_ms": round(max(latencies) * 1000, 1) if latencies else None,
+        "sse_connected": connected,
+        "sse_events_received": events[0],
+        "submitted_during": submitted,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+    }
+
+
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], token_file: Path, timeout_s: float = 60) -> str:
     import httpx
 
@@ -246,18 +336,25 @@ def bench_api(
     sse_clients: int = 200,
     events_per_s: float = 20.0,
     sse_seconds: float = 10.0,
+    read_sse_clients: int = 300,
+    read_workloads: int = 500,
+    read_seconds: float = 10.0,
+    read_submit_per_s: float = 10.0,
+    phases: tuple[str, ...] = ("submit", "sse", "read-no-sse", "read-sse"),
     verbose: bool = False,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"rate_limit": "submit rate limiter set out of the way for this measurement"}
     with tempfile.TemporaryDirectory(prefix="mlwe-bench-api-") as tmp:
-        for phase in ("submit", "sse"):
+        for phase in phases:
             port = _free_port()
             url = f"http://127.0.0.1:{port}"
             token_file = Path(tmp) / f"token-{phase}"
-            clients = sse_clients if phase == "sse" else 0
+            clients = {"sse": sse_clients, "read-sse": read_sse_clients}.get(phase, 0)
+            # the read phases publish telemetry for as long as they measure (and a margin)
+            secs = sse_seconds if phase == "sse" else read_seconds + 60
             cmd = [
                 sys.executable, "-m", "mlwe.api.bench", "--serve", str(port), str(Path(tmp) / phase),
-                str(token_file), str(clients), str(events_per_s), str(sse_seconds),
+                str(token_file), str(clients), str(0.0 if phase == "submit" else events_per_s), str(secs),
             ]
             proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             try:
@@ -266,6 +363,21 @@ def bench_api(
                     if verbose:
                         print(f"submitting {submits} workloads with {concurrency} clients ...", file=sys.stderr)
                     result.update(asyncio.run(_submits(url, token, submits, concurrency)))
+                elif phase.startswith("read"):
+                    n = clients
+                    if verbose:
+                        print(f"GET /api/v1/workloads for {read_seconds:g}s with {n} SSE clients on every"
+                              f" stream, {read_submit_per_s:g} submissions/s ...", file=sys.stderr)
+                    r = asyncio.run(_reads(url, token, sse_clients=n, workloads=read_workloads,
+                                           seconds=read_seconds, submit_per_s=read_submit_per_s))
+                    if phase == "read-sse":
+                        result[f"read_p99_ms_with_{n}_sse"] = r["read_p99_ms"]
+                        result[f"read_p50_ms_with_{n}_sse"] = r["read_p50_ms"]
+                        result["read_with_sse"] = r
+                    else:
+                        result["read_p99_ms_no_sse"] = r["read_p99_ms"]
+                        result["read_p50_ms_no_sse"] = r["read_p50_ms"]
+                        result["read_no_sse"] = r
                 else:
                     if verbose:
                         print(f"{sse_clients} SSE clients, {events_per_s:g} events/s for {sse_seconds:g}s ...",

@@ -972,13 +972,28 @@ def bench_api_cmd(
     clients: Annotated[int, typer.Option(min=1, max=2000, help="SSE clients")] = 200,
     rate: Annotated[float, typer.Option(min=1, help="events per second published")] = 20.0,
     seconds: Annotated[float, typer.Option(min=1, help="SSE measurement time")] = 10.0,
+    read_clients: Annotated[
+        int, typer.Option(min=0, max=2000, help="SSE clients while the workload list is read")
+    ] = 300,
+    read_seconds: Annotated[float, typer.Option(min=1, help="read measurement time")] = 10.0,
+    phase: Annotated[
+        list[str] | None,
+        typer.Option(help="only these phases (repeat): submit, sse, read-no-sse, read-sse"),
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
-    """HTTP submissions per second, and SSE delivery lag with many stream clients."""
+    """HTTP submissions per second, SSE delivery lag with many stream clients, and the
+    workload list's read latency with many stream clients (``read_p99_ms_with_300_sse``)."""
     from mlwe.api.bench import bench_api
 
+    known = ("submit", "sse", "read-no-sse", "read-sse")
+    bad = [p for p in phase or () if p not in known]
+    if bad:
+        err.print(f"error: unknown phase(s) {', '.join(bad)}; known: {', '.join(known)}", markup=False)
+        raise typer.Exit(2)
     result = bench_api(submits=submits, concurrency=concurrency, sse_clients=clients,
-                       events_per_s=rate, sse_seconds=seconds, verbose=not as_json)
+                       events_per_s=rate, sse_seconds=seconds, read_sse_clients=read_clients,
+                       read_seconds=read_seconds, phases=tuple(phase or known), verbose=not as_json)
     print(json.dumps(result, sort_keys=True) if as_json else result)
 
 

@@ -9,6 +9,14 @@ one increasing sequence across topics, so ``Last-Event-ID`` resumes exactly.
 
 Everything published goes through the credential sanitizer first: streams are
 shown to people.
+
+Fan-out happens off the publisher's thread. The engine publishes while it holds
+its lock, so ``publish`` only stamps the event, appends it to the ring and to a
+pending list, and kicks the hub's dispatcher thread; the dispatcher hands each
+batch of pending events to every reader (one buffer lock and at most one
+event-loop wake-up per reader per batch, however many events). A reader that
+drains synchronously first delivers what is pending itself, so whatever was
+published before ``drain()`` is in what it returns.
 """
 
 from __future__ import annotations
@@ -66,22 +74,35 @@ class Subscription:
     closed: bool = False
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
+    _after: int = 0  # the id of the last event handed to this reader (replayed or delivered)
 
-    def _offer(self, ev: StreamEvent) -> None:
+    def _offer_many(
+        self, events: list[StreamEvent]
+    ) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
+        """Buffer ``events`` (those of its topics, newer than what it has); the waiters to wake."""
         with self._cond:
-            if len(self._buf) >= self.maxsize:
-                self._buf.popleft()
-                self.dropped += 1
-                self.dropped_total += 1
-            self._buf.append(ev)
+            fresh = [e for e in events if e.id > self._after and e.topic in self.topics]
+            if not fresh:
+                return []
+            self._after = fresh[-1].id
+            for ev in fresh:
+                if len(self._buf) >= self.maxsize:
+                    self._buf.popleft()
+                    self.dropped += 1
+                    self.dropped_total += 1
+                self._buf.append(ev)
             self._cond.notify_all()
-            waiters = list(self._waiters)
-        for loop, event in waiters:
-            with contextlib.suppress(RuntimeError):  # that loop is closed: the reader is gone
-                loop.call_soon_threadsafe(event.set)
+            return list(self._waiters)
 
     def drain(self, limit: int | None = None) -> tuple[list[StreamEvent], int]:
-        """The buffered events (oldest first) and how many were dropped before them."""
+        """The buffered events (oldest first) and how many were dropped before them.
+
+        What was published before this call is included (pending events are
+        delivered first, on this thread, if the dispatcher has not yet)."""
+        self.hub.deliver()
+        return self._take(limit)
+
+    def _take(self, limit: int | None = None) -> tuple[list[StreamEvent], int]:
         with self._cond:
             if limit is None or limit >= len(self._buf):
                 out = list(self._buf)
@@ -93,18 +114,20 @@ class Subscription:
 
     def get(self, timeout: float | None = None) -> tuple[list[StreamEvent], int]:
         """Block (up to ``timeout``) until something is buffered, then drain."""
+        self.hub.deliver()
         with self._cond:
             if not self._buf and not self.closed:
                 self._cond.wait(timeout)
-        return self.drain()
+        return self._take()
 
     async def wait(self, timeout: float | None = None) -> tuple[list[StreamEvent], int]:
         """The async ``get``: waits on the caller's event loop, never blocks it."""
+        # never delivers on the event loop's thread: the dispatcher does, and wakes it
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
         with self._cond:
             if self._buf or self.closed:
-                return self.drain()
+                return self._take()
             self._waiters.append((loop, event))
         try:
             await asyncio.wait_for(event.wait(), timeout)
@@ -113,7 +136,7 @@ class Subscription:
         finally:
             with self._cond:
                 self._waiters.remove((loop, event))
-        return self.drain()
+        return self._take()
 
     def close(self) -> None:
         self.hub.unsubscribe(self)
@@ -130,6 +153,11 @@ class Subscription:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _set_all(events: list[asyncio.Event]) -> None:
+    for e in events:
+        e.set()
 
 
 class StreamHub:
@@ -151,6 +179,10 @@ class StreamHub:
         self._clock = clock
         self._sanitize = sanitizer
         self.published = 0
+        self._pending: list[StreamEvent] = []  # published, not yet handed to the readers
+        self._deliver_lock = threading.Lock()  # one delivery at a time: readers see id order
+        self._kick = threading.Event()
+        self._dispatcher: threading.Thread | None = None
 
     @property
     def last_id(self) -> int:
@@ -179,11 +211,47 @@ class StreamHub:
                 workload,
             )
             self._ring.append(ev)
-            subs = [s for s in self._subs if topic in s.topics]
             self.published += 1
-        for s in subs:
-            s._offer(ev)
+            if self._subs:
+                self._pending.append(ev)
+                kick = True
+            else:
+                kick = False
+        if kick:
+            self._kick.set()  # the dispatcher fans it out, off this (the engine's) thread
         return ev
+
+    def deliver(self) -> int:
+        """Hand every pending event to the readers now; how many events were delivered.
+
+        Run by the dispatcher thread, and by a reader that drains synchronously."""
+        n = 0
+        with self._deliver_lock:
+            while True:
+                with self._lock:
+                    batch, self._pending = self._pending, []
+                    subs = list(self._subs)
+                if not batch:
+                    return n
+                n += len(batch)
+                wake: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+                for sub in subs:
+                    for loop, event in sub._offer_many(batch):
+                        wake.setdefault(loop, []).append(event)
+                for loop, events in wake.items():  # one wake-up per event loop, not per reader
+                    with contextlib.suppress(RuntimeError):  # that loop is closed
+                        loop.call_soon_threadsafe(_set_all, events)
+
+    def _dispatch(self) -> None:
+        while True:
+            self._kick.wait()
+            self._kick.clear()
+            try:
+                self.deliver()
+            except Exception:  # pragma: no cover - a reader's bug must not end the fan-out
+                import logging
+
+                logging.getLogger("mlwe.streams").exception("stream fan-out failed")
 
     def subscribe(
         self,
@@ -202,6 +270,12 @@ class StreamHub:
             raise ValueError("a subscription buffer holds at least one event")
         sub = Subscription(self, wanted, size)
         with self._lock:
+            if self._dispatcher is None:
+                self._dispatcher = threading.Thread(target=self._dispatch, name="mlwe-stream-fanout", daemon=True)
+                self._dispatcher.start()
+            # what is in the ring (pending included) is this reader's past: replayed below
+            # from last_event_id, never delivered again
+            sub._after = self._ring[-1].id if self._ring else 0
             if last_event_id is not None:
                 if self._ring and last_event_id < self._ring[0].id - 1:
                     sub.gap = True  # some events it missed are gone from the ring
