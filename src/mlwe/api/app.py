@@ -35,7 +35,7 @@ from mlwe.api.routes import cluster, ops, pipelines, streams, workloads
 from mlwe.api.security import BodySizeLimit, RateLimiter, SecurityHeaders
 from mlwe.api.sse import StreamStats
 from mlwe.api.submitter import SubmitQueue
-from mlwe.core.spec import WorkloadSpec
+from mlwe.core.spec import QueueSpec, WorkloadSpec
 from mlwe.dashboard import STATIC_DIR
 from mlwe.runtime.engine import Engine
 
@@ -264,6 +264,13 @@ def _add_spec_schema(app: FastAPI) -> None:
         for name, sub in spec.pop("$defs", {}).items():
             comps.setdefault(name, sub)
         comps["WorkloadSpec"] = spec
+        # PUT /queues/{queue}: a QueueSpec whose name may be left out (it is the path's)
+        queue = QueueSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in queue.pop("$defs", {}).items():
+            comps.setdefault(name, sub)
+        queue["required"] = [r for r in queue.get("required", []) if r != "name"]
+        queue["title"] = "QueueSpecBody"
+        comps["QueueSpecBody"] = queue
         app.openapi_schema = schema
         return schema
 

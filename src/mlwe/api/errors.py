@@ -10,6 +10,7 @@ internals (the traceback goes to the log).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -44,6 +45,34 @@ class ApiError(Exception):
 
 def _body(detail: str, errors: list[tuple[str, str]]) -> dict[str, Any]:
     return {"detail": detail, "errors": [{"path": p, "message": m} for p, m in errors]}
+
+
+#: A pattern's meaning in words, for its mismatch errors (a regex is no clear error):
+#: the message, given the value that did not match.
+PATTERN_MESSAGES: dict[str, Callable[[str], str]] = {}
+
+
+def explain_pattern(pattern: str, message: Callable[[str], str]) -> str:
+    """Register what ``pattern`` means; returns it (``Query(pattern=explain_pattern(...))``)."""
+    PATTERN_MESSAGES[pattern] = message
+    return pattern
+
+
+def unknown_items(what: str, known: Sequence[str]) -> Callable[[str], str]:
+    """The message of a comma-separated list with items not in ``known``."""
+    def message(value: str) -> str:
+        bad = [t.strip() for t in value.split(",") if t.strip() and t.strip() not in known]
+        shown = ", ".join(repr(b[:40]) for b in bad[:5]) or repr(value[:40])
+        return f"unknown {what} {shown}; known: {', '.join(known)} (comma-separated)"
+    return message
+
+
+def _message(e: Any) -> str:
+    if e.get("type") == "string_pattern_mismatch":
+        explain = PATTERN_MESSAGES.get(str((e.get("ctx") or {}).get("pattern", "")))
+        if explain is not None:
+            return explain(str(e.get("input", "")))
+    return str(e.get("msg", "invalid")).removeprefix("Value error, ")
 
 
 def _loc(loc: Any) -> str:
@@ -83,16 +112,21 @@ def install(app: FastAPI) -> None:
         return JSONResponse(_body(exc.detail, exc.errors), exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        return JSONResponse(_body(detail, []), exc.status_code, headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:
+            # Starlette names only the methods of the first route whose path matched; a
+            # path served by several routes (GET and POST /workloads) supports them all
+            allowed = allowed_methods(request)
+            if allowed:
+                headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+                detail = f"method {request.method} not allowed here; allowed: {', '.join(allowed)}"
+        return JSONResponse(_body(detail, []), exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            (_loc(e.get("loc", ())), str(e.get("msg", "invalid")).removeprefix("Value error, "))
-            for e in exc.errors()
-        ]
+        errors = [(_loc(e.get("loc", ())), _message(e)) for e in exc.errors()]
         return JSONResponse(_body("invalid request", errors), 422)
 
     async def _store_error(request: Request, exc: Exception) -> JSONResponse:
@@ -114,6 +148,29 @@ def install(app: FastAPI) -> None:
         return JSONResponse(
             _body("internal error; it has been logged (nothing here names its details)", []), 500
         )
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods of this request's path (HEAD and OPTIONS left implicit).
+
+    As OpenAPI matches paths: a concrete path (``/workloads/validate``) is
+    matched before a templated one (``/workloads/{workload_id}``)."""
+    app = request.app
+    table: list[tuple[Any, int, frozenset[str]]] | None = getattr(app.state, "method_table", None)
+    if table is None:
+        from starlette.routing import compile_path
+
+        from mlwe.api.app import iter_api_routes
+
+        table = [(compile_path(path)[0], path.count("{"), methods) for path, methods, _ in iter_api_routes(app)]
+        app.state.method_table = table
+    path = request.scope.get("path", "")
+    hits = [(n, methods) for regex, n, methods in table if regex.match(path)]
+    if not hits:
+        return []
+    fewest = min(n for n, _ in hits)
+    found = {m for n, methods in hits if n == fewest for m in methods}
+    return sorted(found - {"HEAD", "OPTIONS"})
 
 
 def _causes(exc: BaseException) -> list[BaseException]:

@@ -12,9 +12,18 @@ MiB of RAM), and nodes also give them as in specs (``quantities``: "4",
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+
+
+def list_pattern(names: Iterable[str]) -> str:
+    """The pattern of a comma-separated list of ``names`` (blanks and empty items allowed,
+    as the routes read such a list: split on commas, strip, skip empty), for the schema."""
+    one = "(?:" + "|".join(re.escape(n) for n in names) + ")"
+    return rf"^\s*{one}?\s*(?:,\s*{one}?\s*)*$"
 
 
 class _Out(BaseModel):
@@ -395,12 +404,15 @@ class NodeAction(BaseModel):
 
 class AgentModeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mode: str = Field(description="autonomous, approve or observe")
+    mode: Literal["autonomous", "approve", "observe"] = Field(description="autonomous, approve or observe")
 
 
 class ApprovalDecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     comment: str = Field(default="", max_length=1000)
+
+
+_PRIORITY_CLASS_NAMES = ("best-effort", "low", "batch", "normal", "high", "urgent", "critical")
 
 
 class TokenCreateIn(BaseModel):
@@ -409,19 +421,28 @@ class TokenCreateIn(BaseModel):
     role: Literal["viewer", "submitter", "operator", "admin"] = Field(
         description="viewer, submitter, operator or admin"
     )
-    queues: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+    queues: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]] | None = Field(
         default=None, min_length=1, max_length=1000,
         description="queues the token may submit to (omit: any queue)",
     )
     max_priority: (
         Annotated[int, Field(ge=0, le=1_000_000)]
-        | Literal["best-effort", "low", "batch", "normal", "high", "urgent", "critical"]
+        | Literal["best-effort", "low", "batch", "normal", "high", "urgent", "critical"]  # _PRIORITY_CLASS_NAMES
         | None
     ) = Field(
         default=None,
         description="highest priority it may ask for: an integer 0..1000000 or a class name (omit: any)",
     )
-    allow_protected: bool = Field(default=True, description="whether it may submit protected workloads")
+    allow_protected: StrictBool = Field(default=True, description="whether it may submit protected workloads")
+
+    @field_validator("max_priority", mode="before")
+    @classmethod
+    def _integer_or_class(cls, v: Any) -> Any:
+        # an integer (JSON's 5 or 5.0) or a class name; not the text "5" (the schema says so)
+        if isinstance(v, str) and v not in _PRIORITY_CLASS_NAMES:
+            known = ", ".join(_PRIORITY_CLASS_NAMES)
+            raise ValueError(f"must be an integer or a priority class ({known}); got {v[:40]!r}")
+        return v
 
 
 class ScenarioIn(BaseModel):

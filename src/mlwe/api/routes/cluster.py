@@ -135,9 +135,16 @@ def queues(ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]) -> 
     response_model=QueueOut,
     summary="Create a queue or change its quota (admin)",
     responses={409: {"model": ErrorBody, "description": "refused by the control plane"}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "a QueueSpec; its name, if given, is the path's",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/QueueSpecBody"}}},
+        }
+    },
 )
 def put_queue(
-    queue: Annotated[str, Path(min_length=1, max_length=128)],
+    queue: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="queue name")],
     ctx: Ctx,
     principal: Annotated[Principal, requires(Role.ADMIN)],
     body: Annotated[dict[str, Any], Body(description="a QueueSpec; its name defaults to the path's")],

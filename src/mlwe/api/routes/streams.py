@@ -9,23 +9,28 @@ from fastapi.responses import StreamingResponse
 
 from mlwe.api.auth import Principal, Role, requires
 from mlwe.api.context import API_PREFIX, ApiContext, get_ctx
-from mlwe.api.errors import ApiError
-from mlwe.api.models import StreamEventList
+from mlwe.api.errors import ApiError, explain_pattern, unknown_items
+from mlwe.api.models import StreamEventList, list_pattern
 from mlwe.api.sse import event_dict, event_stream, finite, parse_last_event_id
 from mlwe.runtime.streams import TOPICS, StreamEvent
 
 router = APIRouter(prefix=API_PREFIX, tags=["streams"])
 
 Ctx = Annotated[ApiContext, Depends(get_ctx)]
-_TOPICS_HELP = "comma-separated: " + ", ".join(TOPICS)
+_TOPICS_HELP = "comma-separated: " + ", ".join(TOPICS) + " (none: all)"
+_TOPICS_PATTERN = explain_pattern(
+    list_pattern(TOPICS), unknown_items("topic(s)", TOPICS)
+)
 
 
 def _topics(text: str | None) -> list[str]:
     if not text:
         return list(TOPICS)
     wanted = [t.strip() for t in text.split(",") if t.strip()]
+    if not wanted:
+        return list(TOPICS)  # only blanks and commas: no filter, as when absent
     bad = [t for t in wanted if t not in TOPICS]
-    if bad or not wanted:
+    if bad:
         raise ApiError(
             422, "invalid request", [("query.topics", f"unknown topic(s) {', '.join(bad)}; topics: {', '.join(TOPICS)}")]
         )
@@ -42,7 +47,7 @@ def _topics(text: str | None) -> list[str]:
 async def streams(
     ctx: Ctx,
     principal: Annotated[Principal, requires(Role.VIEWER)],
-    topics: Annotated[str | None, Query(max_length=100, description=_TOPICS_HELP)] = None,
+    topics: Annotated[str | None, Query(max_length=100, pattern=_TOPICS_PATTERN, description=_TOPICS_HELP)] = None,
     workload: Annotated[str | None, Query(max_length=128)] = None,
     correlation_id: Annotated[str | None, Query(max_length=256)] = None,
     buffer: Annotated[int | None, Query(ge=1, le=100_000, description="events buffered for this client")] = None,
@@ -81,7 +86,7 @@ async def streams(
 def recent(
     ctx: Ctx,
     principal: Annotated[Principal, requires(Role.VIEWER)],
-    topics: Annotated[str | None, Query(max_length=100, description=_TOPICS_HELP)] = None,
+    topics: Annotated[str | None, Query(max_length=100, pattern=_TOPICS_PATTERN, description=_TOPICS_HELP)] = None,
     after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
     workload: Annotated[str | None, Query(max_length=128)] = None,
     correlation_id: Annotated[str | None, Query(max_length=256)] = None,

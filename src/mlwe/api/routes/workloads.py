@@ -21,7 +21,7 @@ from mlwe.api.auth import (
     scoped_correlation_id,
 )
 from mlwe.api.context import API_PREFIX, ApiContext, get_ctx
-from mlwe.api.errors import ApiError
+from mlwe.api.errors import ApiError, explain_pattern, unknown_items
 from mlwe.api.models import (
     ActionResult,
     ErrorBody,
@@ -30,6 +30,7 @@ from mlwe.api.models import (
     ValidateResult,
     WorkloadDetail,
     WorkloadList,
+    list_pattern,
 )
 from mlwe.api.specs import BodyError, parse_specs
 from mlwe.core.lifecycle import State
@@ -237,11 +238,25 @@ def _idempotent_replay(ctx: ApiContext, key: str, body_hash: str) -> JSONRespons
                         headers={"Idempotent-Replayed": "true"})
 
 
+#: validate takes any document and says whether it is valid (so its schema is open);
+#: only a missing body is a bad request
+_VALIDATE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "what you would submit (JSON or YAML); the answer lists every problem",
+        "content": {
+            "application/json": {"schema": {}},
+            "application/yaml": {"schema": {}},
+        },
+    }
+}
+
+
 @router.post(
     "/workloads/validate",
     response_model=ValidateResult,
     summary="Validate workload specs without submitting",
-    openapi_extra=_SPEC_BODY,
+    openapi_extra=_VALIDATE_BODY,
     responses={415: {"model": ErrorBody, "description": "body is neither JSON nor YAML"}},
 )
 async def validate(
@@ -250,6 +265,10 @@ async def validate(
     principal: Annotated[Principal, requires(Role.SUBMITTER)],
 ) -> dict[str, Any]:
     body = await request.body()
+    if not body.strip():
+        raise ApiError(422, "invalid request", [
+            ("body", "empty body: send a workload spec, a list of them, or {workloads: [...]}")
+        ])
     try:
         specs = parse_specs(body, request.headers.get("content-type"), ctx.engine.cp.catalog)
     except BodyError as exc:
@@ -263,12 +282,20 @@ async def validate(
     return {"valid": True, "workloads": len(specs), "errors": []}
 
 
+_STATES_PATTERN = explain_pattern(
+    list_pattern(s.value for s in State),
+    unknown_items("state", [s.value for s in State]),
+)
+
+
 @router.get("/workloads", response_model=WorkloadList, summary="List workloads, newest first")
 def list_workloads(
     ctx: Ctx,
     principal: Annotated[Principal, requires(Role.VIEWER)],
     state: Annotated[
-        str | None, Query(max_length=200, description="comma-separated states, e.g. running,pending")
+        str | None,
+        Query(max_length=200, pattern=_STATES_PATTERN,
+              description="comma-separated states, e.g. running,pending"),
     ] = None,
     queue: Annotated[str | None, Query(max_length=128)] = None,
     owner: Annotated[
