@@ -159,6 +159,8 @@ def test_policy_is_enforced_at_submission_over_http(api: Api, case: PolicyCase) 
         ({"max_priority": "sky-high"}, "body.max_priority", "priority class (best-effort, low, batch"),
         ({"max_priority": 2_000_000}, "body.max_priority", "1000000"),
         ({"max_priority": -1}, "body.max_priority", "0"),
+        ({"max_priority": True}, "body.max_priority", "not a boolean"),
+        ({"max_priority": "70"}, "body.max_priority", "got '70'"),
         ({"allow_protected": "perhaps"}, "body.allow_protected", "boolean"),
     ],
 )

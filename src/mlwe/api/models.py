@@ -438,7 +438,9 @@ class TokenCreateIn(BaseModel):
     @field_validator("max_priority", mode="before")
     @classmethod
     def _integer_or_class(cls, v: Any) -> Any:
-        # an integer (JSON's 5 or 5.0) or a class name; not the text "5" (the schema says so)
+        # an integer (JSON's 5 or 5.0) or a class name; not the text "5", nor true/false
+        if isinstance(v, bool):
+            raise ValueError("must be an integer or a priority class name, not a boolean")
         if isinstance(v, str) and v not in _PRIORITY_CLASS_NAMES:
             known = ", ".join(_PRIORITY_CLASS_NAMES)
             raise ValueError(f"must be an integer or a priority class ({known}); got {v[:40]!r}")
