@@ -989,7 +989,7 @@ def bench_api_cmd(
     known = ("submit", "sse", "read-no-sse", "read-sse")
     bad = [p for p in phase or () if p not in known]
     if bad:
-        err.print(f"error: unknown phase(s) {', '.join(bad)}; known: {', '.join(known)}", markup=False)
+        _echo(f"error: unknown phase(s) {', '.join(bad)}; known: {', '.join(known)}", err=True)
         raise typer.Exit(2)
     result = bench_api(submits=submits, concurrency=concurrency, sse_clients=clients,
                        events_per_s=rate, sse_seconds=seconds, read_sse_clients=read_clients,
