@@ -209,12 +209,12 @@ def test_a_correlation_id_is_filed_under_the_callers_subject(api: Api) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["has space", "-leading-dash", "semi;colon", "x" * 116, "trailing\t", "ünïcode", "a/b"],
+    ["has space", "-leading-dash", "semi;colon", "x" * 116, "trailing\t", "a/b", "per%cent"],
 )
 def test_a_correlation_id_outside_the_id_rule_is_refused_naming_the_header(api: Api, value: str) -> None:
     before = api.engine.repo.count_workloads()
     r = api.client.post("/api/v1/workloads", json=_job("c"),
-                        headers={**api.h(Role.SUBMITTER), "X-Correlation-ID": value.encode()})  # type: ignore[dict-item]
+                        headers={**api.h(Role.SUBMITTER), "X-Correlation-ID": value})
     assert r.status_code == 422, r.text
     assert any("x-correlation-id" in e["path"].lower() for e in r.json()["errors"]), r.json()
     assert api.engine.repo.count_workloads() == before
