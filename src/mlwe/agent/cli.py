@@ -244,7 +244,7 @@ def local_setup_cmd() -> None:
     except LocalModelMissing as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(1) from None
-    out.print(json.dumps(status(layout), indent=2), markup=False)
+    out.print(json.dumps(status(layout), indent=2), markup=False, soft_wrap=True)
 
 
 @local_app.command("status")
@@ -253,7 +253,7 @@ def local_status_cmd() -> None:
     from mlwe.agent.localmodel import status
 
     st = status()
-    out.print(json.dumps(st, indent=2), markup=False)
+    out.print(json.dumps(st, indent=2), markup=False, soft_wrap=True)
     if not (st["venv"] and st["model"]):
         raise typer.Exit(1)
 
