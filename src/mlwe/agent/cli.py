@@ -83,6 +83,8 @@ def _reasoner(name: str, base_url: str | None, model: str | None, on_failure: st
             err.print(f"local model {server.model} served at {server.base_url}"
                       f" (started in {server.started_in_s} s)", soft_wrap=True)
             base_url, model = server.base_url, model or server.model
+            # a small model on a busy CPU reads a long prompt for minutes: slow, not failed
+            timeout = 600.0 if timeout is None else timeout
         opts: dict[str, Any] = {}
         if on_failure is not None:
             opts["on_failure"] = on_failure
