@@ -83,6 +83,8 @@ def _reasoner(name: str, base_url: str | None, model: str | None, on_failure: st
             err.print(f"local model {server.model} served at {server.base_url}"
                       f" (started in {server.started_in_s} s)", soft_wrap=True)
             base_url, model = server.base_url, model or server.model
+            # a small model on a busy CPU reads a long prompt for minutes: slow, not failed
+            timeout = 600.0 if timeout is None else timeout
         opts: dict[str, Any] = {}
         if on_failure is not None:
             opts["on_failure"] = on_failure
@@ -244,7 +246,7 @@ def local_setup_cmd() -> None:
     except LocalModelMissing as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(1) from None
-    out.print(json.dumps(status(layout), indent=2), markup=False)
+    out.print(json.dumps(status(layout), indent=2), markup=False, soft_wrap=True)
 
 
 @local_app.command("status")
@@ -253,7 +255,7 @@ def local_status_cmd() -> None:
     from mlwe.agent.localmodel import status
 
     st = status()
-    out.print(json.dumps(st, indent=2), markup=False)
+    out.print(json.dumps(st, indent=2), markup=False, soft_wrap=True)
     if not (st["venv"] and st["model"]):
         raise typer.Exit(1)
 
