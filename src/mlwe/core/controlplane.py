@@ -1001,20 +1001,7 @@ class ControlPlane:
     def _fits_some_node(self, spec: WorkloadSpec) -> str | None:
         """Why no node of the cluster could ever hold one replica (None: some node can)."""
         r = spec.resources
-        devices = max(1, r.gpu // FULL) if r.gpu else 0
-        for info in self.capacity.nodes():
-            cap = info.capacity
-            if cap.cpu < r.cpu or cap.ram < r.memory:
-                continue
-            if r.gpu:
-                if info.gpu_model is None or info.gpu_count < devices:
-                    continue
-                if spec.gpu_models and info.gpu_model not in spec.gpu_models:
-                    continue
-                if info.vram_per_gpu < spec.min_vram_per_gpu:
-                    continue
-                if r.vram is not None and r.vram > info.vram_per_gpu * devices:
-                    continue
+        if any(could_hold(info, spec) for info in self.capacity.nodes()):
             return None
         return (
             f"no node in the cluster can hold one replica of {r.gpu / FULL:g} GPU,"
@@ -1246,6 +1233,26 @@ class ControlPlane:
 
 
 # ============================================================== shared rules
+def could_hold(info: NodeInfo, spec: WorkloadSpec) -> bool:
+    """Whether the node, empty, could hold one replica of ``spec`` (GPU model, count and
+    VRAM, cpu and memory; node selectors are the caller's business)."""
+    r = spec.resources
+    cap = info.capacity
+    if cap.cpu < r.cpu or cap.ram < r.memory:
+        return False
+    if r.gpu:
+        devices = max(1, r.gpu // FULL)
+        if info.gpu_model is None or info.gpu_count < devices:
+            return False
+        if spec.gpu_models and info.gpu_model not in spec.gpu_models:
+            return False
+        if info.vram_per_gpu < spec.min_vram_per_gpu:
+            return False
+        if r.vram is not None and r.vram > info.vram_per_gpu * devices:
+            return False
+    return True
+
+
 def _add(acc: list[int], r: Resources, sign: int) -> None:
     acc[0] += sign * r.gpu
     acc[1] += sign * r.vram

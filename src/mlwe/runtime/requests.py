@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from mlwe.core.actions import Action, AddNode, SetQueue, Submit
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
-from mlwe.core.controlplane import ApplyResult, ControlPlane, Rejection
+from mlwe.core.controlplane import ApplyResult, ControlPlane, Rejection, could_hold
 from mlwe.core.spec import WorkloadSpec
 from mlwe.store.sanitize import find_secrets
 
@@ -258,21 +258,11 @@ def inadmissible(cp: ControlPlane, spec: WorkloadSpec, now: float) -> list[str]:
         out.append(f"inadmissible: the deadline ({spec.deadline:.0f}) has already passed"
                    f" (the engine clock is at {now:.0f})")
     r = spec.resources
-    devices = max(1, r.gpu // 1000) if r.gpu else 0
     room = 0
     for info in cp.capacity.nodes():
         cap = info.capacity
-        if cap.cpu < r.cpu or cap.ram < r.memory:
+        if not could_hold(info, spec):
             continue
-        if r.gpu:
-            if info.gpu_model is None or info.gpu_count < devices:
-                continue
-            if spec.gpu_models and info.gpu_model not in spec.gpu_models:
-                continue
-            if info.vram_per_gpu < spec.min_vram_per_gpu:
-                continue
-            if r.vram is not None and r.vram > info.vram_per_gpu * devices:
-                continue
         if any(info.labels.get(k) != v for k, v in spec.node_selector.items()):
             continue
         fits = [cap.cpu // r.cpu if r.cpu else spec.replicas,
