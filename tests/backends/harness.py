@@ -99,9 +99,12 @@ class Harness:
         checkpoint_every: float | None = None,
         crash: tuple[float, int] | None = None,  # (at progress, exit code)
         max_retries: int = 3,
+        hold_at: float | None = None,  # real programs wait there until release(wid)
     ) -> WorkloadSpec:
         cmd = ["python", "-m", "mlwe.programs.synthetic", "--work", str(work_s),
                "--memory", "8Mi", "--phases", "0.3:1", "--report-every", "0.1"]
+        if hold_at is not None:
+            cmd += ["--hold-at", str(hold_at), "--hold-file", str(self._release_file(wid))]
         if checkpoint_every:
             cmd += ["--checkpoint-every", str(checkpoint_every)]
         if crash is not None:
@@ -115,6 +118,14 @@ class Harness:
         })
         self._job_registered(spec, work_s, crash)
         return spec
+
+    def _release_file(self, wid: str) -> Path:
+        return self.tmp / f"release-{wid}"
+
+    def release(self, wid: str) -> None:
+        """Let the programs of ``wid`` held at their ``hold_at`` go on (a no-op where
+        time is simulated: there nothing happens between two steps)."""
+        self._release_file(wid).touch()
 
     def submit(self, *specs: WorkloadSpec) -> None:
         result = self.cp.apply([Submit(s) for s in specs], cause_id="test")

@@ -32,6 +32,9 @@ class RayHarness(Harness):
             telemetry_period_s=0.2,
             node_check_period_s=0.1,
             close_grace_s=0.0,
+            # on a loaded machine a Ray call takes seconds: wait for the last sample, the
+            # evidence (replicas that ran, resume points) the scenarios assert
+            drain_timeout_s=60.0,
         )
         b = RayBackend(cluster, config, clock=self.clock)
         self.ray_backend = b

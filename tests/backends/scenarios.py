@@ -131,17 +131,23 @@ def crash_is_retried_with_backoff_until_the_limit(h: Harness) -> None:
 
 def lost_node_work_is_requeued_and_finishes_elsewhere(h: Harness) -> None:
     h.start(_nodes(2))
-    h.submit(h.job("a", work_s=2.0, cpu="1", checkpoint_every=0.3))
+    # a real program waits at half its work until released: on a loaded machine what the
+    # control plane sees lags, and the program must neither finish before its node is lost
+    # nor, on its second run, before its own telemetry told where it resumed from
+    h.submit(h.job("a", work_s=2.0, cpu="1", checkpoint_every=0.3, hold_at=0.5))
     # 40 % done: at least two periodic checkpoints (every 0.3 s of its 2 s) behind it
     h.run_until(lambda: h.state("a") is State.RUNNING and h.progress("a") >= 0.4,
                 timeout=30, what="a to do 40% of its work")
     (first,) = h.starts("a")
     lost = first.placement[0].node
     h.lose_node(lost)
+    h.run_until(lambda: h.resumed_from("a", 2) is not None, timeout=60,
+                what="a to resume elsewhere")
+    h.release("a")
     h.run_until(lambda: h.state("a") is State.SUCCEEDED, timeout=60, what="a to finish elsewhere")
     w = h.cp.get("a")
     assert w.failures == 0  # a lost node is not the workload's fault
-    assert w.failure_cause == "node-lost"
+    assert w.failure_cause == "node-lost", [(t.target.value, t.reason) for t in w.history]
     assert w.attempt == 2
     assert h.cp.node_status(lost) is NodeStatus.DOWN
     (_, second) = h.starts("a")

@@ -178,6 +178,42 @@ def test_sigterm_checkpoints_and_the_next_run_resumes(runs: dict[str, Run]) -> N
     assert "resumed from a checkpoint" in second.stdout
 
 
+def _at_barrier(reps: list[dict[str, Any]]) -> int:
+    """Reports at the same progress, at least half the work: a program held at 0.5."""
+    ps = [m["progress"] for m in reps if "progress" in m]
+    return sum(1 for x in ps if ps[-1] >= 0.5 and x == ps[-1])
+
+
+def test_a_held_program_waits_at_its_barrier_until_released(tmp_path: Path) -> None:
+    gate = tmp_path / "go"
+    seen_before: list[int] = []
+
+    def release_when_held(reps: list[dict[str, Any]]) -> bool:
+        if not gate.exists() and _at_barrier(reps) >= 5:  # it sits at half its work
+            seen_before.append(len(reps))
+            gate.touch()
+        return False
+
+    run = run_program(SYNTH, [*BASE, "--hold-at", "0.5", "--hold-file", str(gate)],
+                      tmp_path / "ckpt", term_when=release_when_held)
+    assert run.code == 0
+    assert progresses(run)[-1] == 1.0
+    (n,) = seen_before
+    before = progresses(Run(0, run.reports[:n], ""))
+    assert max(before) < 0.6  # nothing past the barrier before the release
+    # held, it keeps its loss curve and memory reports coming (it looks like running)
+    assert all("loss" in m for m in run.reports[1:n])
+
+
+def test_a_held_program_still_checkpoints_and_stops_on_sigterm(tmp_path: Path) -> None:
+    run = run_program(SYNTH, [*BASE, "--hold-at", "0.5", "--hold-file", str(tmp_path / "never")],
+                      tmp_path / "ckpt", term_when=lambda reps: _at_barrier(reps) >= 3)
+    assert run.code == 0
+    (ckpt,) = [m for m in run.reports if m.get("checkpoint")]
+    assert 0.5 <= ckpt["progress"] < 0.6
+    assert "stopped by SIGTERM while held" in run.stdout
+
+
 def test_bad_arguments_are_refused_clearly(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", SYNTH, "--phases", "fast"], capture_output=True,
                        text=True, timeout=30)
@@ -187,6 +223,10 @@ def test_bad_arguments_are_refused_clearly(tmp_path: Path) -> None:
                        text=True, timeout=30)
     assert r.returncode == 2
     assert "not a size: 'lots'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", SYNTH, "--hold-at", "0.5"], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2
+    assert "--hold-at (a fraction in [0, 1]) and --hold-file go together" in r.stderr
 
 
 def result_of(run: Run) -> dict[str, Any]:

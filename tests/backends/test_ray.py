@@ -90,6 +90,7 @@ class Driver:
         config.setdefault("checkpoint_root", str(tmp / "ckpt"))
         config.setdefault("close_grace_s", 0.0)
         config.setdefault("actor_death_settle_s", 0.5)
+        config.setdefault("drain_timeout_s", 60.0)  # a loaded machine: keep the evidence
         self.backend = RayBackend(cluster, RayBackendConfig(prefix=self.prefix, **config),
                                   clock=self.clock)
         self.events: list[Event] = []
@@ -239,11 +240,17 @@ class _Holder:
         return True
 
 
-def test_preemptor_starts_only_after_the_victims_processes_are_gone(driver: Driver) -> None:
+def test_preemptor_starts_only_after_the_victims_processes_are_gone(
+    driver: Driver, tmp_path: Path
+) -> None:
     # one replica: the replicas of a gang share MLWE_CHECKPOINT_DIR, and the synthetic
-    # program's checkpoint files would overwrite each other's
+    # program's checkpoint files would overwrite each other's. It waits at 30 % of its work
+    # until released, so that it surely still runs when its processes are listed and
+    # preempted, however late the control plane sees its progress on a loaded machine.
+    gate = tmp_path / "release-low"
     driver.submit(_spec("low", [*SYNTH, "--work", "2.5", "--checkpoint-delay", "0.3",
-                                "--children", "1"],
+                                "--children", "1", "--hold-at", "0.3",
+                                "--hold-file", str(gate)],
                         priority="low", resources={"gpu": 2, "cpu": 1}, estimated_duration=2.5,
                         gpu_models=["A100-80GB"]))
     driver.run_until(lambda: driver.state("low") is State.RUNNING, what="low to run")
@@ -263,6 +270,8 @@ def test_preemptor_starts_only_after_the_victims_processes_are_gone(driver: Driv
     driver.on_event = on_event
     driver.submit(_spec("urgent", [*SYNTH, "--work", "0.5"], priority="urgent",
                         gpu_models=["A100-80GB"], resources={"gpu": 2, "cpu": 1}))
+    driver.run_until(lambda: driver.cp.get("low").preemptions == 1, what="low to be preempted")
+    gate.touch()
     driver.run_until(lambda: driver.state("low") is State.SUCCEEDED, what="low to finish")
     assert checked == [True]  # at the preemptor's start, no victim process was left
     assert driver.state("urgent") is State.SUCCEEDED
@@ -438,10 +447,27 @@ def test_a_restarted_engine_adopts_what_runs_and_can_stop_it(
     assert _named(first.prefix, warm=True) == []
 
 
-def test_telemetry_measures_the_process_tree_and_labels_declared_gpus(driver: Driver) -> None:
+def test_telemetry_measures_the_process_tree_and_labels_declared_gpus(
+    driver: Driver, tmp_path: Path
+) -> None:
+    # held at half its work (busy as when working) until its telemetry has been seen: a
+    # loaded machine may otherwise take no sample of it while it runs
+    gate = tmp_path / "release-busy"
     driver.submit(_spec("busy", [*SYNTH, "--work", "1.5", "--memory", "64Mi",
-                                 "--phases", "0.9:1"], resources={"gpu": 1, "cpu": 1},
+                                 "--phases", "0.9:1", "--hold-at", "0.5",
+                                 "--hold-file", str(gate)], resources={"gpu": 1, "cpu": 1},
                         gpu_models=["T4"]))
+
+    def sampled() -> bool:
+        mine = [t.metrics for t in driver.telemetry if t.workload == "busy"]
+        hosts = [t.metrics for t in driver.telemetry if t.workload is None and t.node == "n1"
+                 and t.metrics["workloads"] == 1.0 and "host_mem_total_mib" in t.metrics
+                 and t.metrics.get("ray_actors_alive", 0) >= 1.0]
+        return bool(hosts) and any(m.get("rss_mib", 0) >= 64 for m in mine) and any(
+            m.get("cpu_pct", 0) > 10 for m in mine) and any("loss" in m for m in mine)
+
+    driver.run_until(sampled, what="busy's telemetry while it runs")
+    gate.touch()
     driver.run_until(lambda: driver.state("busy") is State.SUCCEEDED, what="busy to finish")
     mine = [t for t in driver.telemetry if t.workload == "busy"]
     assert mine and all(t.node == "n1" for t in mine)

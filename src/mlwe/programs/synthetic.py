@@ -17,13 +17,18 @@ On SIGTERM (other modes) it waits ``--checkpoint-delay`` seconds (the time a
 real checkpoint takes), saves its state and exits 0; the next attempt resumes
 from that state. ``--children N`` starts N child processes holding
 ``--child-memory`` each (with ``--children-ignore-sigterm`` they ignore
-SIGTERM), to exercise the whole-tree eviction.
+SIGTERM), to exercise the whole-tree eviction. ``--hold-at F --hold-file PATH``
+makes it wait at fraction F of its work until PATH exists (a barrier, so that a
+test can act on a program known to be running): while it waits it uses the
+machine as it does when it works (CPU phases, memory, reports) but its work does
+not advance, and SIGTERM still checkpoints and stops it.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import re
 import signal
@@ -98,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--children-ignore-sigterm", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slice", type=float, default=0.05, help="seconds per scheduling slice")
+    p.add_argument("--hold-at", type=float, default=None,
+                   help="progress fraction at which to wait for --hold-file to exist")
+    p.add_argument("--hold-file", default=None, help="the file that releases --hold-at")
     return p
 
 
@@ -108,6 +116,12 @@ CHILD = (
     "if n: b[::4096] = b'\\x01' * ((n + 4095) // 4096)\n"
     "while True: time.sleep(3600)\n"
 )
+
+
+def held(args: argparse.Namespace, work_done: float) -> bool:
+    """At the --hold-at barrier, and --hold-file not there yet."""
+    return (args.hold_file is not None and work_done >= args.hold_at * args.work
+            and not os.path.exists(args.hold_file))
 
 
 def loss_at(mode: str, p: float, at: float, rng: random.Random) -> float:
@@ -126,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.work <= 0:
         print("--work must be positive", file=sys.stderr)
+        return 2
+    if (args.hold_at is None) != (args.hold_file is None) or not 0 <= (args.hold_at or 0) <= 1:
+        print("--hold-at (a fraction in [0, 1]) and --hold-file go together", file=sys.stderr)
         return 2
     if args.mode == "ignore-sigterm":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -163,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     next_ckpt = work_done + args.checkpoint_every if args.checkpoint_every > 0 else math.inf
     x = 1.0
     while work_done < args.work:
+        waiting = held(args, work_done)
         # the duty cycle of the current phase
         pos = (time.monotonic() - t0) % cycle
         duty = phases[-1][0]
@@ -180,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         now = time.monotonic()
         dt = now - last
         last = now
-        work_done = min(args.work, work_done + dt)
-        step += 1
+        if not waiting:  # held, it uses the machine as when it works, but does no work
+            work_done = min(args.work, work_done + dt)
+            step += 1
         p = work_done / args.work
         if args.mode == "leak":
             leaked.append(touch(int(args.leak * dt)))
@@ -193,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.checkpoint_delay:
                 time.sleep(args.checkpoint_delay)
             checkpoint()
-            print(f"stopped by SIGTERM; checkpoint saved at {p:.3f}", flush=True)
+            print(f"stopped by SIGTERM{' while held' if waiting else ''}; checkpoint saved"
+                  f" at {p:.3f}", flush=True)
             return 0
         if work_done >= next_ckpt:
             checkpoint()

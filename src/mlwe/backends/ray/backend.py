@@ -93,7 +93,6 @@ from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
 log = logging.getLogger(__name__)
 
 NODE_DEATH_SETTLE_S = 60.0  # how long an actor death blamed on its node waits for the node
-DRAIN_TIMEOUT_S = 5.0  # a last sample that takes longer is given up (the actor may be stuck)
 
 
 class _WallClock:
@@ -129,6 +128,9 @@ class RayBackendConfig:
     #: waiting for Ray to start a worker process (~1 s); each is used once and replaced
     warm_runners_per_node: int = 1
     close_grace_s: float = 5.0
+    #: a last sample (final reports) that takes longer is given up: the actor may be stuck,
+    #: and the attempt's release waits on it (a loaded machine can need more)
+    drain_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if ":" in self.prefix or not self.prefix:
@@ -137,7 +139,7 @@ class RayBackendConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         for name in ("stop_margin_s", "node_settle_s", "node_check_period_s", "close_grace_s",
-                     "actor_death_settle_s"):
+                     "actor_death_settle_s", "drain_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)!r}")
         if not 0 < self.progress_step <= 1:
@@ -501,6 +503,8 @@ class RayBackend:
             self._kill_quietly(warm.actor)
         self._pending_down[name] = (time.monotonic(), reason)
         for a in self._attempts.values():
+            if a.outcome is _Outcome.EXITED and a.exit_code == 0:
+                continue  # every replica had exited 0 before the node died: it succeeded
             if name in a.nodes and a.phase is not _Phase.DONE and a.outcome is not _Outcome.NODE_LOST:
                 # its replicas elsewhere must go too: the reconciler frees the whole gang
                 a.outcome = _Outcome.NODE_LOST
@@ -510,8 +514,12 @@ class RayBackend:
     def _flush_node_downs(self) -> None:
         now = time.monotonic()
         for name, (since, reason) in list(self._pending_down.items()):
+            # the attempts it ended go first, and so does a success it did not undo: the
+            # reconciler reads NodeDown as the end of whatever still runs there
             busy = any(
-                name in a.nodes and a.phase is not _Phase.DONE and a.outcome is _Outcome.NODE_LOST
+                name in a.nodes and a.phase is not _Phase.DONE and (
+                    a.outcome is _Outcome.NODE_LOST
+                    or (a.outcome is _Outcome.EXITED and a.exit_code == 0))
                 for a in self._attempts.values()
             )
             if busy and now - since < self.config.node_settle_s:
@@ -819,7 +827,7 @@ class RayBackend:
 
     def _advance_draining(self, att: _Attempt, ready: set[Any], now: float) -> None:
         pending = [ref for r in att.replicas for ref in r.drain_refs]
-        if any(ref not in ready for ref in pending) and now - att.since < DRAIN_TIMEOUT_S:
+        if any(ref not in ready for ref in pending) and now - att.since < self.config.drain_timeout_s:
             return
         for r in att.replicas:
             for ref in r.drain_refs:  # in the order asked: the last one saw the end
@@ -827,6 +835,13 @@ class RayBackend:
                     ok, value = self._get(ref)
                     if ok:
                         self._take_sample(att, r, value, self.clock.now())
+                    else:
+                        log.warning("%s#%s replica %s: last sample failed: %s",
+                                    att.workload, att.attempt, r.index, value)
+                else:
+                    log.warning("%s#%s replica %s: no last sample within %gs; its final"
+                                " reports are lost", att.workload, att.attempt, r.index,
+                                self.config.drain_timeout_s)
             r.drain_refs = []
         self._begin_teardown(att, force=att.teardown_force, drain=False)
 

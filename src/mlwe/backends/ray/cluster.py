@@ -253,10 +253,18 @@ class LocalRayCluster:
             self.cluster.wait_for_nodes()
 
     def kill_node(self, name: str, *, graceful: bool = False) -> None:
-        """Kill the Ray node of mlwe node ``name`` (its raylet and every worker on it)."""
+        """Kill the Ray node of mlwe node ``name`` (its raylet and every worker on it).
+
+        Not graceful, the node dies whole, as a machine that loses power does: its
+        raylet, its workers and every program they started are SIGKILLed together.
+        (Ray's own ``remove_node`` kills the raylet only; its workers notice later,
+        seconds later on a loaded machine, and a program could meanwhile run to its
+        end on a node already declared lost.)"""
         node = self.nodes.pop(name, None)
         if node is None:
             raise KeyError(f"no running Ray node for mlwe node {name!r}")
+        if not graceful:
+            _kill_whole(node)
         self.cluster.remove_node(node, allow_graceful=graceful)
 
     def shutdown(self) -> None:
@@ -271,3 +279,24 @@ class LocalRayCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _kill_whole(node: Any) -> None:
+    """SIGKILL every process of a local Ray node and all their descendants at once."""
+    import psutil
+
+    procs: list[psutil.Process] = []
+    for infos in node.all_processes.values():
+        for info in infos:
+            try:
+                p = psutil.Process(info.process.pid)
+                procs += [p, *p.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(procs, timeout=10)
+
