@@ -62,7 +62,10 @@ def run_program(module: str, args: list[str], ckpt: Path, *, term_when: Any = No
         if term_when is not None and not termed and term_when(reports):
             p.send_signal(signal.SIGTERM)
             termed = True
-        assert time.monotonic() < end, "program did not finish"
+        if time.monotonic() >= end:
+            p.kill()  # never left behind (a held program would wait for ever)
+            p.wait()
+            raise AssertionError("program did not finish")
         time.sleep(0.01)
     os.close(r)
     out = p.stdout.read() if p.stdout else ""

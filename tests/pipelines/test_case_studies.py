@@ -65,8 +65,12 @@ def test_drift_retrain_promote(tmp_path: Path) -> None:
         audit = AuditLog(repo.engine)
         proposals = [e for e in audit.show(kind="proposal", limit=None)
                      if e.actor == "supervisor:model-quality"]
-        promos = [p.data() for p in proposals if p.data().get("action") == "promote-model"]
+        # registry decisions are filed apart ("supervision"); proposals have the one shape
+        promos = [e.data() for e in audit.show(kind="supervision", limit=None)
+                  if e.actor == "supervisor:model-quality"
+                  and e.data().get("action") == "promote-model"]
         assert [(p["version"], p["accepted"]) for p in promos] == [(1, True), (2, True)]
+        assert all(p.data()["action"] == "propose" for p in proposals)
         steps = [p.data() for p in proposals if p.data().get("actions")]
         assert len(steps) == 3 and all("drift on digits v1" in p["rationale"] for p in steps)
         assert all(p["accepted"] for p in steps)

@@ -190,7 +190,7 @@ def test_promotion_is_verified_against_the_serving_version(
         ("promote-model", False), ("promote-model", False), ("promote-model", True),
         ("promote-model", False), ("rollback-model", True),
     ]
-    assert {kind for kind, *_ in sinks.audit} == {"proposal"}
+    assert {kind for kind, *_ in sinks.audit} == {"supervision"}
     assert {actor for _, actor, *_ in sinks.audit} == {"supervisor:q"}
     assert sinks.audit[1][2]["figures"] == {
         "candidate": worse, "accuracy": 0.5, "production": 1, "baseline_accuracy": 0.6,

@@ -61,14 +61,10 @@ def audit_note(
 ) -> None:
     """An audit record for an action that has no state change of its own (made durable now).
 
-    Uses the engine's store writer so the record joins the hash chain and the
-    live audit stream like every other record.
+    A request like any other (:meth:`Engine.note_audit`): screened, then in the
+    hash chain and on the live audit stream like every other record.
     """
-    with engine.lock:
-        engine.writer.note_audit(
-            kind, actor, payload, workload=workload, correlation_id=correlation_id
-        )
-    engine._commit()  # the engine's group commit: returns once the record is durable
+    engine.note_audit(kind, actor, payload, workload=workload, correlation_id=correlation_id)
 
 
 def _injector(engine: Engine) -> FaultInjector:

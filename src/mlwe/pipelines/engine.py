@@ -75,3 +75,13 @@ class EngineLike(Protocol):
     def record_reasoning(
         self, record: dict[str, Any], *, correlation_id: str | None = None, actor: str = ...
     ) -> None: ...
+
+    def note_audit(
+        self,
+        kind: str,
+        actor: str,
+        payload: dict[str, Any],
+        *,
+        workload: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None: ...

@@ -386,7 +386,9 @@ class Supervisor:
 
     def _audit(self, payload: dict[str, Any], cid: str | None) -> None:
         if self.audit is not None:
-            self.audit("proposal", self.actor, _jsonable(payload), cid)
+            # "supervision", not "proposal": a registry decision is no control-plane
+            # proposal (those, e.g. a rerun's submissions, the engine files itself)
+            self.audit("supervision", self.actor, _jsonable(payload), cid)
 
 
 # ================================================================= actuators
@@ -549,9 +551,8 @@ def engine_sinks(engine: EngineLike) -> tuple[AuditSink, ReasoningSink]:
     """Sinks that write to ``engine``'s audit chain and reasoning stream (durably)."""
 
     def audit(kind: str, actor: str, payload: dict[str, Any], cid: str | None) -> None:
-        with engine.lock:
-            engine.writer.note_audit(kind, actor, payload, correlation_id=cid)
-        engine.wake()  # the next tick makes it durable with whatever else changed
+        # an audit note is a request like any other: screened, durable when this returns
+        engine.note_audit(kind, actor, payload, correlation_id=cid)
 
     def reasoning(record: dict[str, Any], cid: str | None) -> None:
         engine.record_reasoning(
