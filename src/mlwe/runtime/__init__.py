@@ -4,7 +4,7 @@ See :mod:`mlwe.runtime.engine` for the loop and its guarantees.
 """
 
 from mlwe.runtime.clock import WallClock
-from mlwe.runtime.engine import Engine, EngineConfig, RestartReport, TickReport, workload_info
+from mlwe.runtime.engine import Engine, EngineConfig, RestartReport, TickReport
 from mlwe.runtime.simlive import LiveSimBackend
 from mlwe.runtime.streams import TOPICS, StreamEvent, StreamHub, Subscription
 
@@ -19,5 +19,4 @@ __all__ = [
     "Subscription",
     "TickReport",
     "WallClock",
-    "workload_info",
 ]

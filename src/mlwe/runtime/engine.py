@@ -995,31 +995,6 @@ class Engine:
         return rep
 
     # ================================================================ reading
-    def explain(self, workload_id: str) -> dict[str, Any]:
-        """Everything that answers "why?" about one workload: history, decisions, audit."""
-        with self.lock:
-            w = self.cp.workloads.get(workload_id)
-            if w is None:
-                raise KeyError(f"unknown workload {workload_id!r}")
-            info = workload_info(w)
-            info["history"] = [
-                {
-                    "time": tr.time,
-                    "from": tr.source.value if tr.source is not None else None,
-                    "to": tr.target.value,
-                    "reason": tr.reason,
-                    "cause_id": tr.cause_id,
-                }
-                for tr in w.history
-            ]
-        decisions = self.repo.decisions_for(workload_id, limit=200)
-        info["decisions"] = [d.to_dict() for d in decisions]
-        info["audit"] = [
-            {"seq": e.seq, "time": e.time, "kind": e.kind, "actor": e.actor, "payload": e.data()}
-            for e in self.audit.show(workload=workload_id, limit=200)
-        ]
-        return info
-
     def health(self) -> dict[str, Any]:
         store = self.repo.health()
         return {
@@ -1043,35 +1018,6 @@ def _orphan_stop(workload: str, attempt: int) -> StopCommand:
         grace_s=0.0,
         reason="orphan",
     )
-
-
-def workload_info(w: Workload) -> dict[str, Any]:
-    """A workload as the API and streams show it."""
-    spec = w.spec
-    return {
-        "id": w.id,
-        "name": spec.name,
-        "kind": spec.kind.value,
-        "state": w.state.value,
-        "priority": w.priority,
-        "queue": w.queue,
-        "replicas": spec.replicas,
-        "resources": spec.resources.model_dump(mode="json")
-        if hasattr(spec.resources, "model_dump")
-        else str(spec.resources),
-        "nodes": sorted({a.node for a in w.placement}),
-        "attempt": w.attempt,
-        "failures": w.failures,
-        "progress": w.progress,
-        "work_done_s": w.work_done,
-        "submit_time": w.submit_time,
-        "deadline": w.deadline,
-        "pending_reason": w.pending_reason,
-        "preemptions": w.preemptions,
-        "exit_code": w.exit_code,
-        "failure_cause": w.failure_cause,
-        "correlation_id": correlation_of(w),
-    }
 
 
 def _is_empty(engine: Any) -> bool:
