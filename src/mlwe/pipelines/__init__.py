@@ -11,7 +11,7 @@
 - :mod:`mlwe.pipelines.drift`: the KS drift detector;
   :mod:`mlwe.pipelines.loadgen`: seeded request load and a client-side router;
 - :mod:`mlwe.pipelines.loop`: one thread driving engine, runner and supervisors;
-  :mod:`mlwe.pipelines.engine`: what they need of an engine (a protocol);
+  :mod:`mlwe.pipelines.ports`: what they need of an engine (a protocol);
 - :mod:`mlwe.pipelines.localnodes`: a workload daemon per node on this machine,
   with node failure injection; :mod:`mlwe.pipelines.mlflow_export`: optional export;
 - :mod:`mlwe.pipelines.drift_retrain` and

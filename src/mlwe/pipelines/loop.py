@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from mlwe.pipelines.engine import EngineLike
+from mlwe.pipelines.ports import EngineLike
 from mlwe.pipelines.runner import PipelineRunner
 from mlwe.pipelines.supervision import Supervisor
 

@@ -44,7 +44,7 @@ from mlwe.core.actions import Action, Cancel, Submit
 from mlwe.core.controlplane import NOT_ITS_FAULT, ApplyResult, Rejection
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload
-from mlwe.pipelines.engine import EngineLike
+from mlwe.pipelines.ports import EngineLike
 from mlwe.pipelines.spec import (
     PipelineError,
     PipelineSpec,

@@ -36,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 from croniter import croniter  # type: ignore[import-untyped]
 
-from mlwe.pipelines.engine import EngineLike
+from mlwe.pipelines.ports import EngineLike
 from mlwe.pipelines.runner import PipelineEvent, PipelineRunner
 from mlwe.pipelines.spec import PipelineError, PipelineSpec
 from mlwe.pipelines.store import ModelRegistry, RegistryError

@@ -1,10 +1,13 @@
-"""What the pipelines need of an engine, as a structural type.
+"""The pipelines' port to an engine: what they need of one, as a structural type.
 
 The runner, the supervisors and the loop drive any object with these members;
-:class:`mlwe.runtime.engine.Engine` is the one the project has. Pipelines sit
-inside the runtime in the layering (DESIGN "Layers"), so their library code
-names this protocol instead of importing the runtime; only the composition
-code (the CLI bodies and the case studies, which build an engine) imports it.
+:class:`mlwe.runtime.engine.Engine` is the one the project has (a test double
+or a remote engine would do as well). In the layering (DESIGN "Layers", the
+import contract in ``pyproject.toml``) pipelines sit above the runtime, so they
+may import it; their library code names this port instead, so that what they
+rely on is written down in one place and checked by mypy, and only the
+composition code (the CLI bodies and the case studies, which build an engine)
+imports the runtime.
 """
 
 from __future__ import annotations
