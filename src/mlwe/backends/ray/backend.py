@@ -44,8 +44,10 @@ The control plane decides placement; Ray only executes it:
   adopts it (its exits and stops are then handled like any other).
 
 Everything happens in :meth:`RayBackend.send` and :meth:`RayBackend.poll` on the
-engine's thread with non-blocking Ray calls (``ray.wait(timeout=0)``): the
-backend has no thread of its own.
+engine's thread with non-blocking Ray calls (``ray.wait(timeout=0)``): only they
+touch the backend's state. With ``event_listeners`` (the engine's wake-up), one
+watcher thread blocks in ``ray.wait`` on the refs still pending and only calls
+the listeners when one is ready; without listeners the backend has no thread.
 """
 
 from __future__ import annotations
