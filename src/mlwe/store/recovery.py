@@ -3,8 +3,11 @@
 :func:`recover` rebuilds a control plane from the store: nodes and queues go
 in through ``apply`` (``AddNode``, ``SetNodeStatus``, ``SetQueue``), then the
 workloads through ``ControlPlane.restore``, which re-checks every placement
-against capacity and runs the full invariant sweep; if anything is wrong,
-nothing is loaded and :class:`RecoveryError` says what.
+against capacity and runs the full invariant sweep. The engine passes a
+``quarantined`` list: a record that cannot be read back or restored is moved
+whole into the quarantine table and the rest comes back (one bad record never
+stops a start); without it (tools, tests) nothing is loaded and
+:class:`RecoveryError` says what is wrong.
 
 :func:`attach` connects a control plane to the store through a
 :class:`StoreWriter`. The writer collects, per applied batch, the transitions
