@@ -16,6 +16,24 @@ from mlwe.sim.bench import bench_core
 from mlwe.sim.kernel import bench_kernel
 from mlwe.sim.replay import ReplayConfig, replay
 from mlwe.sim.traces import load_trace
+from mlwe.store.sanitize import sanitize
+
+
+def sanitize_speed(n: int = 5_000) -> dict[str, float]:
+    """Microseconds to sanitise a typical decision payload (was a print-only test)."""
+    payload = {
+        "kind": "place",
+        "workload": "llama3-ft-42",
+        "policy": "deadline-aware",
+        "reasons": ["fits on node-a100-03", "deadline reachable with 2h margin"],
+        "candidates": [f"node-a100-{i:02d}" for i in range(16)],
+        "inputs_digest": "9fceb02d0ae598e9",
+        "time": 1234.5,
+    }
+    start = time.perf_counter()
+    for _ in range(n):
+        sanitize(payload)
+    return {"payloads": n, "us_per_payload": round((time.perf_counter() - start) / n * 1e6, 1)}
 
 
 def main() -> None:
@@ -26,6 +44,7 @@ def main() -> None:
                                                preemptions=0)),
         ("core-preemption", lambda: bench_core(nodes=nodes, pending=0, running=4 * nodes)),
         ("kernel", lambda: bench_kernel(100_000 if quick else 1_000_000)),
+        ("sanitize", sanitize_speed),
     ]
     for name, fn in runs:
         print(json.dumps({"bench": name, **fn()}), flush=True)

@@ -468,25 +468,6 @@ def test_private_key_blocks_of_every_type() -> None:
     assert sanitize_text("x -----BEGIN RSA PRIVATE KEY-----\nMIIEow") == f"x {REDACTED}"
 
 
-def test_speed() -> None:
-    """A typical decision payload sanitises in microseconds; short strings are free."""
-    payload = {
-        "kind": "place",
-        "workload": "llama3-ft-42",
-        "policy": "deadline-aware",
-        "reasons": ["fits on node-a100-03", "deadline reachable with 2h margin"],
-        "candidates": [f"node-a100-{i:02d}" for i in range(16)],
-        "inputs_digest": "9fceb02d0ae598e9",
-        "time": 1234.5,
-    }
-    n = 5_000
-    start = time.perf_counter()
-    for _ in range(n):
-        sanitize(payload)
-    per_payload = (time.perf_counter() - start) / n
-    print(f"\nsanitize: {per_payload * 1e6:.0f} us per decision payload")  # a figure, not a test
-
-
 @pytest.mark.parametrize(
     "text",
     [
