@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from sqlalchemy import select, update
@@ -374,11 +373,10 @@ def test_sanitizer_runs_before_storing(engine) -> None:
         assert secret not in text and "hunter2" not in text and "pw12345678" not in text
 
 
-def test_bulk_submission_is_fast_enough(sqlite_repo: Repository) -> None:
-    """Durable inserts in batches of 100; the figure is printed (the benchmark reports it)."""
+def test_bulk_inserts_in_batches_store_every_workload(sqlite_repo: Repository) -> None:
+    """Durable inserts in batches of 100 (their speed is a figure of `mlwe bench store`)."""
     specs = [job(f"b{i}", cpu=1, memory="1Gi") for i in range(100)]
     n = 0
-    t0 = time.perf_counter()
     for b in range(10):
         batch = [
             Workload(
@@ -393,6 +391,5 @@ def test_bulk_submission_is_fast_enough(sqlite_repo: Repository) -> None:
         ]
         sqlite_repo.insert_workloads(batch)
         n += len(batch)
-    rate = n / (time.perf_counter() - t0)
-    print(f"\nsqlite insert_workloads, batches of 100: {rate:,.0f} workloads/s")
+    assert n == 1000
     assert sqlite_repo.count_workloads() == 1000
