@@ -43,11 +43,16 @@ def submit_and_complete(h: Harness) -> None:
 
 def urgent_preempts_and_victim_resumes(h: Harness) -> None:
     h.start(_nodes(1))
-    h.submit(h.job("low", work_s=3.0, priority="low", cpu="1", checkpoint_every=0.5))
+    # a real program waits at half its work until released: on a loaded machine what the
+    # control plane sees lags, and the victim must not finish before its preemption lands
+    h.submit(h.job("low", work_s=3.0, priority="low", cpu="1", checkpoint_every=0.5,
+                   hold_at=0.5))
     # a third of its work done: two periodic checkpoints (at 0.5 s and 1 s of work) behind it
     h.run_until(lambda: h.state("low") is State.RUNNING and h.progress("low") >= 0.34,
                 timeout=30, what="low to do a third of its work")
     h.submit(h.job("urgent", work_s=0.5, priority="urgent", cpu="1"))
+    h.run_until(lambda: h.cp.get("low").preemptions == 1, timeout=60, what="low to be preempted")
+    h.release("low")
     h.run_until(
         lambda: h.state("urgent") is State.SUCCEEDED and h.state("low") is State.SUCCEEDED,
         timeout=60, what="both to finish",
