@@ -828,7 +828,8 @@ class RayBackend:
             self._advance_confirming(att, ready, now)
 
     def _advance_draining(self, att: _Attempt, ready: set[Any], now: float) -> None:
-        pending = [ref for r in att.replicas for ref in r.drain_refs]
+        # a replica whose node died will never answer: its last sample is not waited for
+        pending = [ref for r in att.replicas if r.node not in self._down for ref in r.drain_refs]
         if any(ref not in ready for ref in pending) and now - att.since < self.config.drain_timeout_s:
             return
         for r in att.replicas:
@@ -840,6 +841,9 @@ class RayBackend:
                     else:
                         log.warning("%s#%s replica %s: last sample failed: %s",
                                     att.workload, att.attempt, r.index, value)
+                elif r.node in self._down:
+                    log.warning("%s#%s replica %s: its node died before its last sample",
+                                att.workload, att.attempt, r.index)
                 else:
                     log.warning("%s#%s replica %s: no last sample within %gs; its final"
                                 " reports are lost", att.workload, att.attempt, r.index,
