@@ -34,7 +34,7 @@ class AuditWriter(Protocol):
     ) -> None: ...
 
 
-class EngineLike(Protocol):
+class EngineLike(AuditWriter, Protocol):  # note_audit: an audit note, as a request
     @property
     def cp(self) -> ControlPlane: ...
 
@@ -77,14 +77,4 @@ class EngineLike(Protocol):
 
     def record_reasoning(
         self, record: dict[str, Any], *, correlation_id: str | None = None, actor: str = ...
-    ) -> None: ...
-
-    def note_audit(
-        self,
-        kind: str,
-        actor: str,
-        payload: dict[str, Any],
-        *,
-        workload: str | None = None,
-        correlation_id: str | None = None,
     ) -> None: ...
