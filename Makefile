@@ -24,12 +24,13 @@ chromium:
 
 # The container image is built and smoke-tested with podman/buildah, its base made from
 # Debian packages with debootstrap (no container registry is needed). Installed only when
-# missing (tests/deploy/test_image.py runs under CI=true, which is root).
+# missing (tests/deploy/test_image.py runs under CI=true, which is root). systemd brings
+# systemd-analyze, which checks the host unit deploy/ ships (tests/deploy/test_manifests.py).
 image-tools:
-	@{ command -v podman && command -v buildah && command -v debootstrap; } >/dev/null 2>&1 \
+	@{ command -v podman && command -v buildah && command -v debootstrap && command -v systemd-analyze; } >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
-	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah debootstrap >/dev/null; } \
-	  || echo "podman/buildah/debootstrap missing and not root: run 'sudo apt-get install podman buildah debootstrap'" >&2
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah debootstrap systemd >/dev/null; } \
+	  || echo "podman/buildah/debootstrap/systemd missing and not root: run 'sudo apt-get install podman buildah debootstrap systemd'" >&2
 
 # the server image (core install, <= 250 MB) and its -full variant with the extras;
 # IMAGE=..., BASE=... (default: a base built here from Debian packages, cached)
