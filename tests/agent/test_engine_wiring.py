@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mlwe.agent.loop import Agent, attach
+from mlwe.agent.loop import Agent
 from mlwe.agent.model import Mode
 from mlwe.agent.reasoners.base import Choice, Situation
 from mlwe.agent.reasoners.rules import RulesReasoner
@@ -22,6 +22,7 @@ from mlwe.core.lifecycle import State
 from mlwe.core.scheduler import Scheduler, SchedulerConfig
 from mlwe.core.spec import ClusterSpec, NodePool, WorkloadSpec
 from mlwe.runtime import Engine, LiveSimBackend
+from mlwe.runtime.wiring import attach_agent as attach
 from mlwe.store.audit import AuditLog
 
 
@@ -164,7 +165,7 @@ def test_the_preemption_plan_runs_as_a_reschedule_workflow(tmp_path: Path) -> No
                for t in eng.cp.get(v).history if t.target is State.PREEMPTING)
     assert eng.audit.verify().ok
     agent.close()
-    assert not eng.tick_hooks and not hasattr(eng, "workflows")
+    assert not eng.tick_hooks and eng.workflows is None
     eng.close()
 
 

@@ -30,9 +30,10 @@ from typing import Any
 import pytest
 
 from mlwe.agent.localmodel import LocalModelMissing, LocalModelServer
-from mlwe.agent.loop import AgentConfig, attach
+from mlwe.agent.loop import AgentConfig
 from mlwe.agent.reasoners.llm_openai import OpenAIReasoner
 from mlwe.runtime import Engine
+from mlwe.runtime.wiring import attach_agent as attach
 from tests.agent.test_engine_wiring import engine_with_sla
 
 pytestmark = pytest.mark.slow

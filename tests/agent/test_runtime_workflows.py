@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mlwe.agent.workflows import WorkflowEngine, WorkflowStatus, attach_workflows, detach_workflows
+from mlwe.agent.workflows import WorkflowEngine, WorkflowStatus
 from mlwe.core.backend import Command, StartCommand
 from mlwe.core.clock import ManualClock
 from mlwe.core.lifecycle import State
@@ -19,6 +19,7 @@ from mlwe.core.scheduler import Scheduler, SchedulerConfig
 from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from mlwe.runtime import Engine, EngineConfig, LiveSimBackend
 from mlwe.runtime.streams import StreamHub
+from mlwe.runtime.wiring import attach_workflows, detach_workflows
 
 A100 = "A100-80GB"
 
@@ -199,5 +200,5 @@ def test_workflow_steps_are_streamed_and_detach_stores_them(tmp_path: Path) -> N
     assert steps[-1]["event"] == "done"
     before = len(rig.eng.tick_hooks)
     detach_workflows(rig.eng)
-    assert len(rig.eng.tick_hooks) == before - 1 and not hasattr(rig.eng, "workflows")
+    assert len(rig.eng.tick_hooks) == before - 1 and rig.eng.workflows is None
     rig.eng.close()

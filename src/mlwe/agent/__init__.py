@@ -5,22 +5,7 @@ candidate plans, a reasoner chooses (deterministic rules by default, an LLM
 optionally), a what-if on a simulated fork checks the plan beats doing
 nothing, and the control plane verifies and applies it. The agent never
 writes state any other way.
+
+Wiring into a runtime engine is :mod:`mlwe.runtime.wiring` (``attach_agent``,
+``attach_workflows``): the agent does not import the runtime, an outer layer.
 """
-
-from typing import Any
-
-#: What the runtime wiring imports (loaded on first use: ``import mlwe.agent.codec``
-#: should not pull in the whole loop).
-__all__ = ["attach", "attach_workflows", "detach_workflows"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "attach":
-        from mlwe.agent.loop import attach
-
-        return attach
-    if name in ("attach_workflows", "detach_workflows"):
-        from mlwe.agent import workflows
-
-        return getattr(workflows, name)
-    raise AttributeError(f"module 'mlwe.agent' has no attribute {name!r}")

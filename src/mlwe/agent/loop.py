@@ -42,8 +42,9 @@ the workflows it starts (whose steps propose the same way). Every step yields
 an audit record (``audit_sink``) and every decision a reasoning record
 (``reasoning_sink``), both plain JSON-able dicts.
 
-Wiring into the runtime (``mlwe.runtime.Engine``) is :func:`attach` (the
-engine is duck-typed: the agent does not import the runtime, an outer layer).
+Wiring into the runtime (``mlwe.runtime.Engine``) is
+:func:`mlwe.runtime.wiring.attach_agent` (the agent does not import the runtime,
+an outer layer).
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ import itertools
 import logging
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -69,7 +69,7 @@ from mlwe.agent.telemetry import TelemetryWindow
 from mlwe.agent.tools import AgentTools
 from mlwe.agent.triggers import AnalyzeConfig, Analyzer, Context, Trigger, default_triggers
 from mlwe.agent.whatif import Snapshot, WhatIfConfig, WhatIfEngine, YieldGil
-from mlwe.agent.workflows import WorkflowEngine, WorkflowError, attach_workflows, detach_workflows
+from mlwe.agent.workflows import WorkflowEngine, WorkflowError
 from mlwe.core.actions import Action
 from mlwe.core.backend import Telemetry
 from mlwe.core.controlplane import ApplyResult, ControlPlane
@@ -784,6 +784,10 @@ class Agent:
             finally:
                 self._busy = False
 
+    def on_close(self, undo: Callable[[], None]) -> None:
+        """Call ``undo`` (under the lock) when the agent closes: what wired it in."""
+        self._detachers.append(undo)
+
     def close(self) -> None:
         """Stop the background thread (a round in progress finishes without acting), detach."""
         self._stopping.set()
@@ -803,81 +807,3 @@ class Agent:
 def _rationale(choice: Choice) -> str:
     return "; ".join(choice.trace.why)[:2000]
 
-
-def attach(
-    engine: Any,
-    *,
-    mode: Mode | str = Mode.AUTONOMOUS,
-    reasoner: Reasoner | str | None = None,
-    config: AgentConfig | None = None,
-    name: str = "agent",
-    background: bool = True,
-    workflows: bool = True,
-) -> Agent:
-    """An agent driving a runtime engine (``mlwe.runtime.Engine``, duck-typed).
-
-    Proposals go through ``engine.propose`` (verified, applied or rejected, and
-    audited by the engine), reasoning records through
-    ``engine.record_reasoning`` (stored, chained in the audit log, streamed on
-    "reasoning"), the other steps into the engine's audit; the agent takes
-    telemetry from ``engine.telemetry_listeners``.
-
-    ``workflows``: the engine's workflows are loaded from its store and ticked
-    (:func:`mlwe.agent.workflows.attach_workflows`: one in flight when the
-    engine stopped resumes now), and the agent carries its preemption and
-    failure-recovery plans through them.
-
-    ``background`` (the default): each engine tick only takes in telemetry and,
-    when an analysis is due, wakes the agent's own thread, which analyses,
-    deliberates and forecasts holding the engine lock only for its short
-    phases (see the module docstring). ``background=False``: the whole round
-    runs inside the tick hook under the engine lock (deterministic: tests and
-    engines ticked by hand).
-
-    ``agent.close()`` stops the thread and undoes all of it.
-    """
-
-    def propose(actions: Sequence[Action], version: int | None, cid: str, why: str) -> ApplyResult:
-        result: ApplyResult = engine.propose(
-            actions, actor=name, expected_version=version, correlation_id=cid, rationale=why
-        )
-        return result
-
-    def reasoning(rec: dict[str, Any]) -> None:
-        engine.record_reasoning(rec, correlation_id=rec.get("correlation_id"), actor=name)
-
-    def audit(rec: dict[str, Any]) -> None:
-        engine.writer.note_audit(
-            "agent", name, rec, workload=None, correlation_id=rec.get("correlation_id")
-        )
-
-    wfe: WorkflowEngine | None = None
-    own_workflows = False
-    if workflows:
-        own_workflows = not isinstance(getattr(engine, "workflows", None), WorkflowEngine)
-        wfe = attach_workflows(engine)
-    agent = Agent(engine.cp, reasoner=reasoner, mode=mode, config=config, propose=propose,
-                  reasoning_sink=reasoning, audit_sink=audit, lock=engine.lock, name=name,
-                  workflows=wfe, run_id=uuid.uuid4().hex[:6])
-
-    def on_sample(sample: Telemetry) -> None:
-        agent.observe([sample])
-
-    def on_tick(_engine: Any) -> None:
-        if background:
-            agent.background_tick()
-        else:
-            agent.tick()
-
-    with engine.lock:
-        engine.telemetry_listeners.append(on_sample)
-        engine.tick_hooks.append(on_tick)
-    agent._detachers += [
-        lambda: engine.telemetry_listeners.remove(on_sample),
-        lambda: engine.tick_hooks.remove(on_tick),
-    ]
-    if own_workflows:
-        agent._detachers.append(lambda: detach_workflows(engine))
-    if background:
-        agent.start_background()
-    return agent

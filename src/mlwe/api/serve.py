@@ -123,11 +123,11 @@ def make_backend(
 
 
 def attach_agent(engine: Engine, mode: str = "autonomous") -> Any | None:
-    """Run the rules agent on ``engine`` (``mlwe.agent.loop.attach``): telemetry in, one
-    MAPE pass per engine tick, proposals through ``Engine.propose``; None if this build
-    has no agent."""
+    """Run the rules agent on ``engine`` (:func:`mlwe.runtime.wiring.attach_agent`):
+    telemetry in, one MAPE pass per engine tick, proposals through ``Engine.propose``;
+    None if this build has no agent."""
     try:
-        from mlwe.agent.loop import attach
+        from mlwe.runtime.wiring import attach_agent as attach
     except ImportError:
         return None
     return attach(engine, mode=mode)

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import inspect
 
@@ -78,6 +78,9 @@ from mlwe.store import db
 from mlwe.store import schema as S
 from mlwe.store.audit import AuditEntry, AuditLog
 from mlwe.store.recovery import Quarantined, StoreWriter, recover
+
+if TYPE_CHECKING:  # the workflows are wired in by mlwe.runtime.wiring, an outer module
+    from mlwe.agent.workflows import WorkflowEngine
 from mlwe.store.repository import Repository, TelemetrySample
 
 log = logging.getLogger("mlwe.engine")
@@ -195,6 +198,8 @@ class Engine:
         self.tick_hooks: list[Callable[[Engine], None]] = []
         #: Called with each telemetry sample (the agent's monitor).
         self.telemetry_listeners: list[Callable[[Telemetry], None]] = []
+        #: The engine's workflows, once :func:`mlwe.runtime.wiring.attach_workflows` ran.
+        self.workflows: WorkflowEngine | None = None
         self._state_out: list[tuple[Workload, Transition]] = []
         self._calls: deque[Callable[[], None]] = deque()
         self._pending: list[_Ticket] = []  # requests waiting for a group commit
