@@ -30,6 +30,7 @@ is not modified; other control planes are not affected.
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -156,6 +157,10 @@ def _must(result: ApplyResult, what: str) -> None:
 
 
 # ==================================================================== writer
+#: control planes a StoreWriter follows (one writer each)
+_FOLLOWED: weakref.WeakSet[ControlPlane] = weakref.WeakSet()
+
+
 class StoreWriter:
     """Buffers what a control plane changes and writes it in one transaction per flush."""
 
@@ -199,12 +204,12 @@ class StoreWriter:
         """
         if self.cp is not None:
             raise RuntimeError("this writer already follows a control plane")
-        if getattr(cp, "_mlwe_store_writer", None) is not None:
+        if cp in _FOLLOWED:
             raise RuntimeError("this control plane already has a store writer")
         self.cp = cp
         cp.listeners.append(self._on_transition)
         cp.batch_listeners.append(self._note)
-        cp._mlwe_store_writer = self  # type: ignore[attr-defined]
+        _FOLLOWED.add(cp)
         listeners = getattr(cp, "decision_listeners", None)
         self._poll_decisions = listeners is None
         if listeners is not None:
