@@ -1150,6 +1150,17 @@ class Repository:
         rows: Any = self._read(lambda c: c.execute(q.order_by(r.c.id).limit(limit)).all())
         return [ReasoningEntry(i, t, cid, json.loads(rec)) for i, t, cid, rec in rows]
 
+    def latest_reasoning(
+        self, correlation_id: str | None = None, *, limit: int = 200
+    ) -> list[ReasoningEntry]:
+        """The last ``limit`` reasoning traces (of one correlation id if given), oldest first."""
+        r = S.reasoning
+        q = select(r.c.id, r.c.time, r.c.correlation_id, r.c.record)
+        if correlation_id is not None:
+            q = q.where(r.c.correlation_id == correlation_id)
+        rows: Any = self._read(lambda c: c.execute(q.order_by(r.c.id.desc()).limit(limit)).all())
+        return [ReasoningEntry(i, t, cid, json.loads(rec)) for i, t, cid, rec in reversed(rows)]
+
     # ============================================================== telemetry
     def append_telemetry(
         self,

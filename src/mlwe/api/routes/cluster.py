@@ -3,7 +3,6 @@ quotas, scheduling decisions, stored telemetry and reasoning."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Path, Query
@@ -259,23 +258,16 @@ def reasoning(
     limit: Annotated[int, Query(ge=1, le=2000)] = 200,
     scheduler: Annotated[bool, Query(description="include the scheduler's preemption traces")] = True,
 ) -> dict[str, Any]:
-    from sqlalchemy import select
-
     from mlwe.api.relay import trace_of_decision
     from mlwe.api.sse import finite
-    from mlwe.store.schema import reasoning as table
 
     eng = ctx.engine
-    if after_id is not None:
-        entries = eng.repo.reasoning(correlation_id, after_id=after_id, limit=limit)
-        rows = [(e.id, e.time, e.correlation_id, e.record) for e in entries]
-    else:  # the latest ``limit``
-        q = select(table.c.id, table.c.time, table.c.correlation_id, table.c.record)
-        if correlation_id is not None:
-            q = q.where(table.c.correlation_id == correlation_id)
-        with eng.repo.engine.connect() as conn:
-            raw: Any = conn.execute(q.order_by(table.c.id.desc()).limit(limit)).all()
-        rows = [(int(i), float(t), c, json.loads(r)) for i, t, c, r in reversed(raw)]
+    entries = (
+        eng.repo.reasoning(correlation_id, after_id=after_id, limit=limit)
+        if after_id is not None
+        else eng.repo.latest_reasoning(correlation_id, limit=limit)
+    )
+    rows = [(e.id, e.time, e.correlation_id, e.record) for e in entries]
     items = [
         {
             "id": i,
