@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import re
 import secrets
 import threading
@@ -40,10 +39,10 @@ from typing import Any, cast
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine
 
 from mlwe.core.spec import DEFAULT_PRIORITY_CLASSES, WorkloadSpec
-from mlwe.store.schema import api_tokens
+from mlwe.store.tokens import TokenRow, TokenRows
 
 TOKEN_PREFIX = "mlwe_"
 _TOKEN_RE = re.compile(r"mlwe_([a-z0-9]{12})_([A-Za-z0-9_-]{43})")
@@ -230,10 +229,12 @@ def hash_token(token: str) -> str:
 
 
 class TokenStore:
-    """API tokens in the ``api_tokens`` table (hashes only)."""
+    """API tokens (hashes only, in :class:`mlwe.store.tokens.TokenRows`), with a short
+    lookup cache so an authenticated request rarely reads the database."""
 
     def __init__(self, engine: Engine, *, cache_ttl_s: float = 5.0) -> None:
         self.engine = engine
+        self.rows = TokenRows(engine)
         self.cache_ttl_s = cache_ttl_s
         self._cache: dict[str, tuple[float, Principal | None]] = {}
         self._lock = threading.Lock()
@@ -250,44 +251,27 @@ class TokenStore:
         token_id = "".join(secrets.choice(alphabet) for _ in range(12))
         token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
         now = time.time()
-        with self.engine.begin() as conn:
-            conn.execute(
-                insert(api_tokens).values(
-                    id=token_id,
-                    name=name,
-                    role=role.label,
-                    token_hash=hash_token(token),
-                    created=now,
-                    revoked=False,
-                    queues=None if policy.queues is None else json.dumps(sorted(policy.queues)),
-                    max_priority=policy.max_priority,
-                    allow_protected=policy.allow_protected,
-                )
-            )
+        self.rows.insert(
+            TokenRow(
+                token_id, name, role.label, now, False,
+                None if policy.queues is None else tuple(sorted(policy.queues)),
+                policy.max_priority, policy.allow_protected,
+            ),
+            hash_token(token),
+        )
         return token, TokenInfo(token_id, name, role, now, False, policy)
 
     def list(self) -> list[TokenInfo]:
-        t = api_tokens
-        with self.engine.connect() as conn:
-            rows: Any = conn.execute(
-                select(
-                    t.c.id, t.c.name, t.c.role, t.c.created, t.c.revoked,
-                    t.c.queues, t.c.max_priority, t.c.allow_protected,
-                ).order_by(t.c.created)
-            ).all()
         return [
-            TokenInfo(str(i), str(n), Role.parse(str(r)), float(c), bool(rv), _policy(q, mp, ap))
-            for i, n, r, c, rv, q, mp, ap in rows
+            TokenInfo(r.id, r.name, Role.parse(r.role), r.created, r.revoked, _policy(r))
+            for r in self.rows.all()
         ]
 
     def revoke(self, token_id: str) -> bool:
-        with self.engine.begin() as conn:
-            res = conn.execute(
-                update(api_tokens).where(api_tokens.c.id == token_id).values(revoked=True)
-            )
+        found = self.rows.revoke(token_id)
         with self._lock:
             self._cache.clear()
-        return bool(res.rowcount)
+        return found
 
     def count_active(self) -> int:
         return sum(1 for t in self.list() if not t.revoked)
@@ -312,17 +296,10 @@ class TokenStore:
             hit = self._cache.get(digest)
         if hit is not None and hit[0] > now:
             return hit[1]
-        t = api_tokens
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                select(
-                    t.c.id, t.c.name, t.c.role, t.c.revoked,
-                    t.c.queues, t.c.max_priority, t.c.allow_protected,
-                ).where(t.c.token_hash == digest)
-            ).first()
+        row = self.rows.by_hash(digest)
         principal = None
-        if row is not None and not row[3]:
-            principal = Principal(row[0], row[1], Role.parse(row[2]), _policy(row[4], row[5], row[6]))
+        if row is not None and not row.revoked:
+            principal = Principal(row.id, row.name, Role.parse(row.role), _policy(row))
         with self._lock:
             if len(self._cache) > 10_000:
                 self._cache.clear()
@@ -330,12 +307,11 @@ class TokenStore:
         return principal
 
 
-def _policy(queues: Any, max_priority: Any, allow_protected: Any) -> TokenPolicy:
-    qs = None if queues is None else frozenset(str(q) for q in json.loads(queues))
+def _policy(row: TokenRow) -> TokenPolicy:
     return TokenPolicy(
-        qs,
-        None if max_priority is None else int(max_priority),
-        True if allow_protected is None else bool(allow_protected),
+        None if row.queues is None else frozenset(row.queues),
+        row.max_priority,
+        row.allow_protected,
     )
 
 
