@@ -21,6 +21,7 @@ from mlwe.bus import (
     replay_dead_letter,
 )
 from mlwe.store import schema
+from mlwe.store.events import EventClaim, is_processed
 from tests.bus import (
     effect_counts,
     effects,
@@ -276,10 +277,19 @@ def test_consumer_stops_on_event_and_on_close(engine: Engine) -> None:
 
 def test_non_upsert_dialect_path_detects_duplicates_by_integrity_error(engine: Engine) -> None:
     consumer = IdempotentConsumer(engine, record_effect)
-    # Force the portable path (plain INSERT; the primary key violation says "duplicate").
-    consumer._claim = insert(schema.processed_events)
-    consumer._claim_returns = False
+    # Force the portable path (plain INSERT in a savepoint; the primary key violation says
+    # "duplicate" and rolls back only to the savepoint)
+    consumer._claim.returning = False
+    consumer._claim.stmt = insert(schema.processed_events)
     env = new_envelope("ev.x", {"n": 1})
     assert consumer.apply(env) is True
     assert consumer.apply(env) is False
     assert effect_counts(engine) == (1, 1)
+    claim = EventClaim(engine)
+    claim.returning, claim.stmt = False, insert(schema.processed_events)
+    with engine.begin() as conn:  # a duplicate leaves the caller's transaction usable
+        assert claim(conn, "ev.y", 1.0) is True
+        assert claim(conn, "ev.y", 2.0) is False
+        assert claim(conn, "ev.z", 3.0) is True
+    with engine.connect() as conn:
+        assert is_processed(conn, "ev.y") and is_processed(conn, "ev.z")

@@ -29,9 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Insert, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Engine
 
 from mlwe.bus.base import (
     DEFAULT_DURABLE,
@@ -43,8 +41,14 @@ from mlwe.bus.base import (
     EnvelopeError,
     validate_filter,
 )
-from mlwe.store.schema import dead_letters as dead_letters_table
-from mlwe.store.schema import processed_events
+from mlwe.store.events import (
+    DeadLetterRow,
+    EventClaim,
+    dead_letter_row,
+    dead_letter_rows,
+    mark_replayed,
+    put_dead_letter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,26 +118,6 @@ def _error_text(exc: BaseException) -> str:
     return text if len(text) <= _ERROR_MAX else text[: _ERROR_MAX - 3] + "..."
 
 
-def _claim_statement(engine: Engine) -> tuple[Insert, bool]:
-    """The INSERT into processed_events, and whether it reports a duplicate by returning no row.
-
-    Where the dialect has ``ON CONFLICT DO NOTHING ... RETURNING`` (SQLite 3.35+,
-    PostgreSQL) a duplicate is an empty result, which never aborts the
-    transaction. (``rowcount`` is not used: psycopg under SQLAlchemy reports -1
-    for it.) Elsewhere a plain INSERT's IntegrityError says it.
-    """
-    dialect = engine.dialect
-    if dialect.insert_returning and dialect.name in ("sqlite", "postgresql"):
-        upsert = sqlite.insert if dialect.name == "sqlite" else postgresql.insert
-        stmt = (
-            upsert(processed_events)
-            .on_conflict_do_nothing(index_elements=["event_id"])
-            .returning(processed_events.c.event_id)
-        )
-        return stmt, True
-    return insert(processed_events), False
-
-
 class IdempotentConsumer:
     """Apply each event's effect exactly once (see the module docstring).
 
@@ -169,7 +153,7 @@ class IdempotentConsumer:
         self.metrics = ConsumerMetrics()
         self._rng = random.Random(seed)
         self._clock = clock
-        self._claim, self._claim_returns = _claim_statement(engine)
+        self._claim = EventClaim(engine)
 
     # -- the transaction ----------------------------------------------------
 
@@ -187,16 +171,7 @@ class IdempotentConsumer:
         # (checking one out of the pool per message costs more than the insert).
         trans = conn.begin()
         try:
-            try:
-                result = conn.execute(
-                    self._claim, {"event_id": envelope.id, "processed_at": self._clock()}
-                )
-            except IntegrityError:
-                if self._claim_returns:
-                    raise
-                trans.rollback()
-                return False
-            if self._claim_returns and result.first() is None:
+            if not self._claim(conn, envelope.id, self._clock()):
                 trans.rollback()
                 return False
             self.handler(envelope, conn)
@@ -207,26 +182,11 @@ class IdempotentConsumer:
                 trans.rollback()
 
     def _record_dead_letter(self, envelope: Envelope, error: str) -> None:
-        row = {
-            "time": self._clock(),
-            "subject": envelope.subject,
-            # The whole envelope, so a replay keeps the correlation id and timestamp.
-            "payload": envelope.to_bytes().decode("utf-8"),
-            "error": error,
-            "attempts": envelope.attempt,
-            "replayed": False,
-        }
-        table = dead_letters_table
+        # the whole envelope, so a replay keeps the correlation id and timestamp
+        rec = DeadLetterRow(envelope.id, self._clock(), envelope.subject,
+                            envelope.to_bytes().decode("utf-8"), error, envelope.attempt)
         with self.engine.begin() as conn:
-            # Select-then-write is portable; a concurrent writer of the same id makes
-            # this raise IntegrityError, and the copy is simply retried.
-            existing = conn.execute(
-                select(table.c.event_id).where(table.c.event_id == envelope.id)
-            ).first()
-            if existing is None:
-                conn.execute(insert(table).values(event_id=envelope.id, **row))
-            else:
-                conn.execute(update(table).where(table.c.event_id == envelope.id).values(**row))
+            put_dead_letter(conn, rec)
 
     def _handle_batch(self, envelopes: Sequence[Envelope]) -> list[_Result]:
         try:
@@ -373,18 +333,8 @@ def _envelope_of(row: Any) -> Envelope:
 
 def dead_letters(engine: Engine, *, include_replayed: bool = True) -> list[DeadLetter]:
     """The recorded dead letters, oldest first."""
-    table = dead_letters_table
-    stmt = (
-        select(table, processed_events.c.event_id.is_not(None).label("processed"))
-        .select_from(
-            table.outerjoin(processed_events, processed_events.c.event_id == table.c.event_id)
-        )
-        .order_by(table.c.time, table.c.event_id)
-    )
-    if not include_replayed:
-        stmt = stmt.where(table.c.replayed.is_(False))
     with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
+        rows = dead_letter_rows(conn, include_replayed=include_replayed)
     return [
         DeadLetter(
             event_id=row.event_id,
@@ -406,11 +356,9 @@ async def replay_dead_letter(engine: Engine, bus: Bus, event_id: str) -> Envelop
     Raises ``KeyError`` for an unknown id. Replaying an event that has since
     been processed is harmless: the consumer sees a duplicate.
     """
-    table = dead_letters_table
-
     def load() -> Any:
         with engine.connect() as conn:
-            return conn.execute(select(table).where(table.c.event_id == event_id)).first()
+            return dead_letter_row(conn, event_id)
 
     row = await asyncio.to_thread(load)
     if row is None:
@@ -420,7 +368,7 @@ async def replay_dead_letter(engine: Engine, bus: Bus, event_id: str) -> Envelop
 
     def mark() -> None:
         with engine.begin() as conn:
-            conn.execute(update(table).where(table.c.event_id == event_id).values(replayed=True))
+            mark_replayed(conn, event_id)
 
     await asyncio.to_thread(mark)
     return envelope

@@ -38,7 +38,7 @@ from mlwe.core.lifecycle import State, Transition
 from mlwe.core.model import Workload
 from mlwe.core.resources import Resources
 from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
-from mlwe.store import db
+from mlwe.store import db, events
 from mlwe.store import schema as S
 
 T = TypeVar("T")
@@ -348,6 +348,7 @@ class Repository:
         self.dialect = engine.dialect.name
         if self.dialect not in ("sqlite", "postgresql"):
             raise StoreError(f"unsupported database dialect {self.dialect!r}")
+        self._claim = events.EventClaim(engine)
         self._ctx = {"catalog": catalog}
 
     @classmethod
@@ -1313,25 +1314,13 @@ class Repository:
 
     # ======================================================= processed events
     def mark_processed(self, conn: Connection, event_id: str, at: float) -> bool:
-        """Record ``event_id`` as processed inside ``conn``'s transaction.
+        """Record ``event_id`` as processed inside ``conn``'s transaction
+        (:class:`mlwe.store.events.EventClaim`).
 
         False when it already was: the caller then skips the effect (and the
         transaction writes nothing new).
         """
-        pe = S.processed_events
-        stmt = (
-            self._insert(pe)
-            .on_conflict_do_nothing(index_elements=["event_id"])  # type: ignore[attr-defined]
-            .returning(pe.c.event_id)
-        )
-        # RETURNING, not rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT here
-        return conn.execute(stmt, {"event_id": event_id, "processed_at": at}).first() is not None
+        return self._claim(conn, event_id, at)
 
     def is_processed(self, event_id: str) -> bool:
-        pe = S.processed_events
-        return (
-            self._read(
-                lambda c: c.execute(select(pe.c.event_id).where(pe.c.event_id == event_id)).first()
-            )
-            is not None
-        )
+        return self._read(lambda c: events.is_processed(c, event_id))

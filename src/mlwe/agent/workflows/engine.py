@@ -45,6 +45,7 @@ from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import NodeStatus
 from mlwe.store import schema as S
 from mlwe.store.audit import AuditLog
+from mlwe.store.events import DeadLetterRow, put_dead_letter
 from mlwe.store.repository import (
     Repository,
     canonical_json,
@@ -538,19 +539,9 @@ class WorkflowEngine:
                 res = c.execute(update(t).where(t.c.id == row["id"]).values(**row))
                 if res.rowcount == 0:
                     c.execute(insert(t).values(**row))
-            dl = S.dead_letters
             for rec in dead_out:
-                values = {
-                    "time": rec.time,
-                    "subject": rec.subject,
-                    "payload": rec.envelope_json(),
-                    "error": rec.error,
-                    "attempts": rec.attempts,
-                    "replayed": False,
-                }
-                got = c.execute(select(dl.c.event_id).where(dl.c.event_id == rec.event_id)).first()
-                if got is None:
-                    c.execute(insert(dl).values(event_id=rec.event_id, **values))
+                put_dead_letter(c, DeadLetterRow(rec.event_id, rec.time, rec.subject,
+                                                 rec.envelope_json(), rec.error, rec.attempts))
             if audit is not None:
                 for wf, entry in audit_out:
                     subjects = wf.data.get("subjects") or [None]
