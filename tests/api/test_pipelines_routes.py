@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlwe.api.auth import Role
-from mlwe.pipelines.store import ModelRegistry, PipelineStore, RunRecord, StepRecord
+from mlwe.store.pipelines import ModelRegistry, PipelineStore, RunRecord, StepRecord
 from tests.api.conftest import Api
 
 

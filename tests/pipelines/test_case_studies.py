@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from mlwe.cli import app
 from mlwe.pipelines.inference_scaling import QUEUE
 from mlwe.pipelines.loadgen import LoadProfile
-from mlwe.pipelines.store import ModelRegistry, PipelineStore
 from mlwe.store.audit import AuditLog
+from mlwe.store.pipelines import ModelRegistry, PipelineStore
 from mlwe.store.repository import Repository
 
 cli = CliRunner()

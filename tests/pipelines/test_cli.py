@@ -83,8 +83,8 @@ def test_a_killed_run_is_resumed_to_its_end(tmp_path: Path) -> None:
     import subprocess
     import time
 
-    from mlwe.pipelines.store import PipelineStore
     from mlwe.store.db import SchemaError
+    from mlwe.store.pipelines import PipelineStore
     from mlwe.store.repository import Repository
 
     doc = {

@@ -12,7 +12,6 @@ import pytest
 from mlwe.pipelines.drift import KSDriftDetector
 from mlwe.pipelines.runner import PipelineEvent
 from mlwe.pipelines.spec import Pipeline
-from mlwe.pipelines.store import ModelRegistry
 from mlwe.pipelines.supervision import (
     ActuationResult,
     Cron,
@@ -23,6 +22,7 @@ from mlwe.pipelines.supervision import (
     Supervisor,
     engine_sinks,
 )
+from mlwe.store.pipelines import ModelRegistry
 from tests.pipelines.conftest import SimRig
 
 

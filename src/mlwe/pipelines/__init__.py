@@ -4,7 +4,7 @@
   builder), a DAG of steps, each a workload plus a command, validated up front;
 - :mod:`mlwe.pipelines.runner`: runs them, each step a workload submitted
   through the engine's control plane;
-- :mod:`mlwe.pipelines.store`: runs, steps and the model registry, durable;
+- runs, steps and the model registry are stored by :mod:`mlwe.store.pipelines`;
 - :mod:`mlwe.pipelines.supervision`: application-layer agents (sensors with
   interval, cron and event triggers; rules; actuators that go through the
   verified proposal path);

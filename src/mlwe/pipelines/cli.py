@@ -374,7 +374,7 @@ def pipeline_status(
     as_json: AsJson = False,
 ) -> None:
     """Where pipeline runs stand: each run's status and its steps'."""
-    from mlwe.pipelines.store import PipelineStore
+    from mlwe.store.pipelines import PipelineStore
 
     store = PipelineStore(_repo(data_dir, database_url))
     if run_id is not None:
@@ -403,7 +403,7 @@ def pipeline_models(
     as_json: AsJson = False,
 ) -> None:
     """The model registry: versions, stages, metrics."""
-    from mlwe.pipelines.store import ModelRegistry
+    from mlwe.store.pipelines import ModelRegistry
 
     reg = ModelRegistry(_repo(data_dir, database_url), _data_dir(data_dir))
     versions = reg.versions(name)
@@ -429,7 +429,7 @@ def runs_list(
     as_json: AsJson = False,
 ) -> None:
     """Recorded runs, newest first."""
-    from mlwe.pipelines.store import PipelineStore
+    from mlwe.store.pipelines import PipelineStore
 
     runs = PipelineStore(_repo(data_dir, database_url)).runs(pipeline, limit=limit)
     if as_json:
@@ -452,7 +452,7 @@ def runs_show(
     as_json: AsJson = False,
 ) -> None:
     """One run: parameters, metrics, artifacts, steps."""
-    from mlwe.pipelines.store import PipelineStore
+    from mlwe.store.pipelines import PipelineStore
 
     _show(PipelineStore(_repo(data_dir, database_url)), run_id, as_json, full=True)
 
@@ -472,7 +472,7 @@ def runs_export_mlflow(
 ) -> None:
     """Export runs, step metrics and artifact paths to MLflow (needs mlwe[mlflow])."""
     from mlwe.pipelines.mlflow_export import MlflowMissing, export_runs
-    from mlwe.pipelines.store import PipelineStore
+    from mlwe.store.pipelines import PipelineStore
 
     store = PipelineStore(_repo(data_dir, database_url))
     try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlwe.pipelines.store import PipelineStore, RunRecord
+from mlwe.store.pipelines import PipelineStore, RunRecord
 
 _STATUS = {
     "succeeded": "FINISHED",

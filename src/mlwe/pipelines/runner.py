@@ -56,7 +56,7 @@ from mlwe.pipelines.spec import (
     render,
     resolve_params,
 )
-from mlwe.pipelines.store import ModelRegistry, PipelineStore, RegistryError, RunRecord, StepRecord
+from mlwe.store.pipelines import ModelRegistry, PipelineStore, RegistryError, RunRecord, StepRecord
 
 log = logging.getLogger("mlwe.pipelines")
 

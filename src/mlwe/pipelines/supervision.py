@@ -39,7 +39,7 @@ from croniter import croniter  # type: ignore[import-untyped]
 from mlwe.pipelines.ports import EngineLike
 from mlwe.pipelines.runner import PipelineEvent, PipelineRunner
 from mlwe.pipelines.spec import PipelineError, PipelineSpec
-from mlwe.pipelines.store import ModelRegistry, RegistryError
+from mlwe.store.pipelines import ModelRegistry, RegistryError
 
 log = logging.getLogger("mlwe.pipelines.supervision")
 T = TypeVar("T")

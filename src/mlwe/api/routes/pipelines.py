@@ -19,7 +19,7 @@ from mlwe.api.context import API_PREFIX, ApiContext, get_ctx
 from mlwe.api.errors import ApiError
 from mlwe.api.models import ErrorBody, _Out
 from mlwe.api.sse import finite
-from mlwe.pipelines.store import PipelineStore
+from mlwe.store.pipelines import PipelineStore
 from mlwe.store.sanitize import sanitize
 
 router = APIRouter(prefix=API_PREFIX)
@@ -79,7 +79,7 @@ async def list_models(
     principal: Annotated[Principal, requires(Role.VIEWER)],
     name: Annotated[str | None, Query(max_length=128)] = None,
 ) -> dict[str, Any]:
-    from mlwe.pipelines.store import ModelRegistry
+    from mlwe.store.pipelines import ModelRegistry
 
     reg = ModelRegistry(ctx.engine.repo, ".")
     versions = await run_in_threadpool(reg.versions, name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlwe.pipelines.store import (
+from mlwe.store.pipelines import (
     ModelRegistry,
     PipelineStore,
     RegistryError,
