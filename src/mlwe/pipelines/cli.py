@@ -148,11 +148,7 @@ def _cluster(data_dir: Path, database_url: str | None, cluster_file: Path | None
 
     engine = db.make_engine(db.database_url(data_dir, database_url))
     try:
-        with engine.connect() as c:
-            from sqlalchemy import inspect
-
-            has_schema = "nodes" in inspect(c).get_table_names()
-        if has_schema:
+        if "nodes" in db.table_names(engine):
             repo = Repository(engine)
             nodes = [spec for spec, _ in repo.load_nodes()]
             if nodes:

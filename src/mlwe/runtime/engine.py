@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import inspect
-
 from mlwe.core.actions import (
     Action,
     AddNode,
@@ -75,7 +73,6 @@ from mlwe.runtime.requests import (
 )
 from mlwe.runtime.streams import StreamHub
 from mlwe.store import db
-from mlwe.store import schema as S
 from mlwe.store.audit import AuditEntry, AuditLog
 from mlwe.store.recovery import Quarantined, StoreWriter, recover
 
@@ -250,7 +247,7 @@ class Engine:
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         engine = db.make_engine(url)
         try:
-            if create_schema and _is_empty(engine):
+            if create_schema and db.is_empty(engine):
                 db.migrate(engine)
             db.check_schema(engine)
             repo = Repository(engine, catalog=catalog)
@@ -1024,9 +1021,3 @@ def _orphan_stop(workload: str, attempt: int) -> StopCommand:
         reason="orphan",
     )
 
-
-def _is_empty(engine: Any) -> bool:
-    """No mlwe tables and no revision: a database we may create the schema in."""
-    with engine.connect() as conn:
-        names = set(inspect(conn).get_table_names())
-    return not (names & set(S.metadata.tables)) and "alembic_version" not in names

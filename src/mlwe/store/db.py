@@ -177,6 +177,18 @@ def _alembic_config() -> Config:
     return cfg
 
 
+def table_names(engine: Engine) -> set[str]:
+    """The tables the database holds now."""
+    with engine.connect() as conn:
+        return set(inspect(conn).get_table_names())
+
+
+def is_empty(engine: Engine) -> bool:
+    """No mlwe tables and no revision: a database we may create the schema in."""
+    names = table_names(engine)
+    return not (names & set(schema.metadata.tables)) and "alembic_version" not in names
+
+
 def migrate(engine: Engine, revision: str = "head") -> None:
     """Upgrade the database to ``revision`` (the latest by default) with the packaged migrations."""
     cfg = _alembic_config()

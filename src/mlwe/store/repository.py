@@ -414,6 +414,10 @@ class Repository:
         """
         return self._write(fn, None)
 
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(conn)`` on a connection of its own, re-run on transient errors."""
+        return self._read(fn)
+
     def _read(self, fn: Callable[[Connection], T]) -> T:
         def run() -> T:
             with self.engine.connect() as c:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection
 
 from mlwe.agent.workflows.model import (
     MAX_LOG,
@@ -43,7 +43,6 @@ from mlwe.core.lifecycle import State, Transition
 from mlwe.core.model import Workload
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import NodeStatus
-from mlwe.store import schema as S
 from mlwe.store.audit import AuditLog
 from mlwe.store.events import DeadLetterRow, put_dead_letter
 from mlwe.store.repository import (
@@ -51,6 +50,7 @@ from mlwe.store.repository import (
     canonical_json,
 )
 from mlwe.store.sanitize import sanitize
+from mlwe.store.workflows import save_workflows, workflow_rows
 
 #: The workflows an engine runs unless told otherwise.
 DEFINITIONS: tuple[WorkflowDefinition, ...] = (RESCHEDULE, RECOVER)
@@ -534,11 +534,7 @@ class WorkflowEngine:
         audit = self.audit
 
         def go(c: Connection) -> None:
-            t = S.workflows
-            for row in rows:
-                res = c.execute(update(t).where(t.c.id == row["id"]).values(**row))
-                if res.rowcount == 0:
-                    c.execute(insert(t).values(**row))
+            save_workflows(c, rows)
             for rec in dead_out:
                 put_dead_letter(c, DeadLetterRow(rec.event_id, rec.time, rec.subject,
                                                  rec.envelope_json(), rec.error, rec.attempts))
@@ -564,14 +560,7 @@ class WorkflowEngine:
     def _load_rows(self, statuses: Sequence[str] | None, wid: str | None = None) -> list[Workflow]:
         if self.repo is None:
             return []
-        t = S.workflows
-        q = select(t)
-        if statuses is not None:
-            q = q.where(t.c.status.in_(list(statuses)))
-        if wid is not None:
-            q = q.where(t.c.id == wid)
-        with self.repo.engine.connect() as c:
-            rows = c.execute(q.order_by(t.c.created, t.c.id)).all()
+        rows = self.repo.read(lambda c: workflow_rows(c, statuses, wid))
         out = []
         for r in rows:
             try:
