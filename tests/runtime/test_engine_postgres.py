@@ -8,6 +8,7 @@ exactly once, with a valid audit chain. (Fails under CI=true without PostgreSQL.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -31,6 +32,23 @@ def test_postgres_connections_dropped_mid_run_lose_nothing_acknowledged(pg_schem
     @event.listens_for(engine, "connect")
     def _remember(dbapi_conn, _rec) -> None:  # every server connection the engine opens
         pids.add(dbapi_conn.info.backend_pid)
+
+    # Besides the killer's drops (which often hit an idle pooled connection, replaced at
+    # its next checkout without a retry), three drops land mid-write for certain: the
+    # engine's own connection is terminated (waiting until it is gone) just before one of
+    # its INSERTs is sent, so that write fails and must be retried on a new connection.
+    admin_sync = db.make_engine(PG_URL)
+    inserts = itertools.count(1)
+    mid_write: list[int] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _drop_mid_write(conn, _cursor, statement, _params, _context, _many) -> None:
+        if statement.startswith("INSERT") and len(mid_write) < 3 and next(inserts) % 25 == 0:
+            pid = conn.connection.dbapi_connection.info.backend_pid
+            with admin_sync.connect() as a:
+                a.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)}, 10000)")
+                a.commit()
+            mid_write.append(pid)
 
     health = db.Health()
     repo = Repository(engine, health=health, retry_base_delay=0.01, retry_attempts=20)
@@ -63,13 +81,8 @@ def test_postgres_connections_dropped_mid_run_lose_nothing_acknowledged(pg_schem
     acked: list[str] = []
     try:
         i = 0
-        # go on until drops happened mid-run and at least one hit a write (a drop of an idle
-        # pooled connection is only noticed at its next checkout, and replaced without a
-        # retry); how many submissions that takes depends on the machine's speed
-        deadline = time.monotonic() + 120
-        while i < 120 or (
-            (len(kills) < 3 or health.report().retries_total == 0) and time.monotonic() < deadline
-        ):
+        # go on until drops happened mid-run
+        while i < 120 or ((len(kills) < 3 or len(mid_write) < 3) and i < 3000):
             i += 1
             wid = f"w{i}"
             r = eng.submit([job(wid, gpu=0, secs=30)], correlation_id=f"req-{i}")
@@ -80,7 +93,9 @@ def test_postgres_connections_dropped_mid_run_lose_nothing_acknowledged(pg_schem
         stop.set()
         t.join()
         eng.stop()
+    admin_sync.dispose()
     assert kills, "the test never dropped a connection"
+    assert len(mid_write) == 3, mid_write
     assert health.report().retries_total > 0  # writes really were retried
     eng.close()
 
