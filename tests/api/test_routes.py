@@ -70,11 +70,13 @@ def test_invalid_specs_name_every_field_and_store_nothing(api: Api) -> None:
 
 def test_a_submission_the_control_plane_refuses_is_a_409_with_its_reason(api: Api) -> None:
     assert submit(api, job("dup")).status_code == 201
-    version = api.engine.cp.version
+    before = api.engine.repo.count_workloads()
     r = submit(api, [job("fresh"), job("dup")])
     assert r.status_code == 409
     assert any("dup" in e["message"] for e in r.json()["errors"])
-    assert "fresh" not in api.engine.cp.workloads and api.engine.cp.version == version
+    # nothing of the batch applied nor stored (the engine's loop may meanwhile start "dup")
+    assert "fresh" not in api.engine.cp.workloads
+    assert api.engine.repo.count_workloads() == before and api.engine.repo.history("fresh") == []
 
 
 def test_the_owner_label_is_the_engines_to_set(api: Api) -> None:
