@@ -61,8 +61,10 @@ def engine_with_sla(
     clock = clock or ManualClock(0.0)
     cluster = ClusterSpec(pools=(NodePool(prefix="g", count=2, gpu_model="A100-80GB", gpus=8,
                                           cpu=64, memory="512Gi"),))
+    # the plain scheduler (no preemption among equals): the SLA job's wait is the agent's
+    # to resolve here; the engine's default would preempt for it by itself, for gain
     eng = Engine.open(cluster, backend or LiveSimBackend(clock), data_dir=tmp_path, clock=clock,
-                      scheduler=scheduler)
+                      scheduler=scheduler or Scheduler())
     eng.submit([_spec(id=f"train-{i}", name=f"train {i}", kind="training",
                       resources={"gpu": 4, "cpu": 8, "memory": "64Gi"},
                       estimated_duration="6h", checkpoint_interval="15m") for i in range(4)],

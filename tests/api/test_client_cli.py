@@ -25,11 +25,14 @@ def _env(live: Live, role: Role) -> dict[str, str]:
 def test_the_client_submits_explains_and_cancels(live: Live, tmp_path: Path) -> None:
     never = tmp_path / "never.yaml"  # 8 GPUs of a model whose nodes have 4: can never run
     never.write_text("id: c9\nname: c9\nresources: {gpu: 8, cpu: 1}\ngpu_models: [A100-80GB]\n")
-    f = tmp_path / "job.yaml"  # the A100s are taken by c0: c1 waits for capacity
+    # the A100s are taken by c0: c1 waits for capacity (it is the longer of the two, so
+    # preempting c0 for it gains nothing)
+    f = tmp_path / "job.yaml"
     f.write_text(
         "id: c0\nname: c0\nreplicas: 2\nresources: {gpu: 4, cpu: 1}\ngpu_models: [A100-80GB]\n"
         "estimated_duration: 1d\n---\n"
         "id: c1\nname: c1\nresources: {gpu: 4, cpu: 1}\ngpu_models: [A100-80GB]\n"
+        "estimated_duration: 2d\n"
     )
     with Client(live.url, live.api.tokens[Role.SUBMITTER]) as c:
         with pytest.raises(ClientError) as err:

@@ -60,7 +60,7 @@ from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import HOLDING, State, Transition
 from mlwe.core.model import Workload
 from mlwe.core.reconcile import Reconciler, correlation_of, start_command
-from mlwe.core.scheduler import Scheduler
+from mlwe.core.scheduler import Scheduler, default_scheduler
 from mlwe.core.spec import ClusterSpec, NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
 from mlwe.runtime.clock import WallClock
 from mlwe.runtime.requests import (
@@ -174,7 +174,7 @@ class Engine:
         self.repo = repo
         self.clock = clock
         self.config = config or EngineConfig()
-        self.scheduler = scheduler or Scheduler()
+        self.scheduler = scheduler or default_scheduler()
         self.streams = streams or StreamHub(clock=clock.now)
         self.audit = audit or AuditLog(repo.engine, clock=clock.now)
         self.lock = threading.RLock()
