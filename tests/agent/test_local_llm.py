@@ -312,3 +312,12 @@ def test_a_timeout_decides_nothing_or_falls_back(  # last: the server still read
         assert rec["outcome"] == "committed" and eng.cp.get("ft").priority == 51
     agent.close()
     eng.close()
+
+
+def test_the_server_keeps_only_the_last_tokens_logits(tmp_path: Path) -> None:
+    # llama_cpp.server keeps every token's logits by default: n_ctx x 262,144 float32
+    # (8.6 GB at n_ctx 8192), filled as the context grows, which the soak saw as the
+    # server's memory climbing past 5 GB
+    cmd = LocalModelServer(port=1).command()
+    i = cmd.index("--logits_all")
+    assert cmd[i + 1] == "False"

@@ -338,7 +338,11 @@ class LocalModelServer:
                 "--model", str(self.layout.model), "--model_alias", MODEL_ALIAS,
                 "--chat_format", CHAT_FORMAT, "--host", "127.0.0.1", "--port", str(self.port),
                 "--n_ctx", str(self.n_ctx), "--n_threads", str(self.threads),
-                "--n_threads_batch", str(self.threads), "--verbose", "False"]
+                "--n_threads_batch", str(self.threads), "--verbose", "False",
+                # the server keeps every token's logits by default (for logprobs, which the
+                # reasoners never ask): n_ctx x a 262,144-word vocabulary of float32, 8.6 GB
+                # at n_ctx 8192, touched as the context fills; off, only the last is kept
+                "--logits_all", "False"]
 
     def start(self) -> LocalModelServer:
         if not venv_ok(self.layout):
