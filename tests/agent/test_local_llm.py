@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -321,3 +322,48 @@ def test_the_server_keeps_only_the_last_tokens_logits(tmp_path: Path) -> None:
     cmd = LocalModelServer(port=1).command()
     i = cmd.index("--logits_all")
     assert cmd[i + 1] == "False"
+
+
+OWNER = """
+import sys, threading
+from mlwe.agent.localmodel import LocalModelServer
+server = LocalModelServer(startup_timeout_s=300).start()
+print(server.proc.pid, flush=True)
+threading.Event().wait(900)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_the_server_does_not_outlive_its_owner(local_llm: LocalModelServer, sig: str) -> None:
+    """An owner killed outright (SIGKILL, or SIGTERM, which skips every ``finally``)
+    takes its server with it: no orphan holding memory and a port."""
+    import signal
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        line = owner.stdout.readline()  # the owner prints the pid once its server answers
+        assert line.strip().isdigit(), f"the owner did not start its server: {line!r}"
+        pid = int(line)
+        assert _alive(pid)
+        owner.send_signal(getattr(signal, sig))
+        owner.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling a condition: the orphan gone
+        assert not _alive(pid), f"the server {pid} outlived its owner killed by {sig}"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
