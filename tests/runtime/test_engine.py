@@ -280,7 +280,7 @@ def test_maintenance_stores_downsamples_and_snapshots(tmp_path: Path) -> None:
         import time as _t
 
         _t.sleep(0.02)
-    eng._store_telemetry()
+    eng.telemetry.store()
     raw = eng.repo.telemetry(workload="a")
     assert len(raw) >= 3, "the simulated backend's telemetry was stored"
     _t.sleep(0.5)  # 25 engine seconds: every stored sample is now in a closed 10 s bucket

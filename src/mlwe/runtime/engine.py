@@ -33,33 +33,24 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlwe.core.actions import (
     Action,
-    AddNode,
-    Cancel,
-    Evict,
-    Exited,
-    Released,
-    SetNodeStatus,
-    SetPriority,
-    SetQueue,
-    Started,
     Submit,
 )
-from mlwe.core.backend import Backend, Command, StartCommand, StopCommand, Telemetry
+from mlwe.core.backend import Backend, Command
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
 from mlwe.core.cluster import build_control_plane
 from mlwe.core.controlplane import ApplyResult, ControlPlane, InvariantViolation, Rejection
 from mlwe.core.decisions import DecisionRecord
-from mlwe.core.lifecycle import HOLDING, State, Transition
+from mlwe.core.lifecycle import Transition
 from mlwe.core.model import Workload
-from mlwe.core.reconcile import Reconciler, correlation_of, start_command
+from mlwe.core.reconcile import Reconciler, correlation_of
 from mlwe.core.scheduler import Scheduler, default_scheduler
 from mlwe.core.spec import ClusterSpec, NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
 from mlwe.runtime.clock import WallClock
@@ -67,18 +58,29 @@ from mlwe.runtime.requests import (
     Request,
     StoreRefused,
     audit_payload,
+    cancel_request,
+    event_request,
     inadmissible,
+    node_request,
+    node_status_request,
+    note_request,
+    priority_request,
+    proposal_request,
+    queue_request,
+    requeue_request,
     screen,
     submit_request,
 )
-from mlwe.runtime.streams import StreamHub
+from mlwe.runtime.restart import RestartReport, repair
+from mlwe.runtime.streams import StreamHub, audit_event, command_event, transition_event
+from mlwe.runtime.telemetry import TelemetryPolicy, TelemetrySink
 from mlwe.store import db
-from mlwe.store.audit import AuditEntry, AuditLog
+from mlwe.store.audit import AuditLog
 from mlwe.store.recovery import Quarantined, StoreWriter, recover
 
 if TYPE_CHECKING:  # the workflows are wired in by mlwe.runtime.wiring, an outer module
     from mlwe.agent.workflows import WorkflowEngine
-from mlwe.store.repository import Repository, TelemetrySample
+from mlwe.store.repository import Repository
 
 log = logging.getLogger("mlwe.engine")
 
@@ -111,24 +113,6 @@ class TickReport:
     telemetry: int = 0
     version: int = 0
     errors: list[str] = field(default_factory=list)
-
-
-@dataclass
-class RestartReport:
-    """What reconciling with the backend found after a restart."""
-
-    adopted: list[str] = field(default_factory=list)
-    vanished: list[str] = field(default_factory=list)
-    orphans: list[str] = field(default_factory=list)
-    restarted: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, list[str]]:
-        return {
-            "adopted": self.adopted,
-            "vanished": self.vanished,
-            "orphans": self.orphans,
-            "restarted": self.restarted,
-        }
 
 
 class RequestRejected(ValueError):
@@ -193,8 +177,12 @@ class Engine:
         cp.decision_listeners.append(self._note_decision)
         #: Called each tick, under the lock, after the scheduling cycle (agent, workflows...).
         self.tick_hooks: list[Callable[[Engine], None]] = []
+        cfg = self.config
+        self.telemetry = TelemetrySink(repo, self.streams, TelemetryPolicy(
+            cfg.telemetry_store_every_s, cfg.telemetry_downsample_after_s,
+            cfg.telemetry_downsample_to_s, cfg.telemetry_retention_s))
         #: Called with each telemetry sample (the agent's monitor).
-        self.telemetry_listeners: list[Callable[[Telemetry], None]] = []
+        self.telemetry_listeners = self.telemetry.listeners
         #: The engine's workflows, once :func:`mlwe.runtime.wiring.attach_workflows` ran.
         self.workflows: WorkflowEngine | None = None
         self._state_out: list[tuple[Workload, Transition]] = []
@@ -202,8 +190,8 @@ class Engine:
         self._pending: list[_Ticket] = []  # requests waiting for a group commit
         self._pending_lock = threading.Lock()
         self._flush_mutex = threading.Lock()  # held by the caller committing a group
-        self._tel_stored: dict[tuple[str, str | None], float] = {}
-        self._tel_buffer: list[TelemetrySample] = []
+        #: commands of a tick whose flush failed: sent after the next one that succeeds
+        self._held_commands: list[Command] = []
         self._last_maintenance = clock.now()
         self._wake = threading.Event()  # a tick is wanted
         self._wake_now = threading.Event()  # ... at once (not only by submissions)
@@ -243,30 +231,9 @@ class Engine:
         """
         clock = clock or WallClock()
         url = db.database_url(data_dir, database_url)
-        if url.startswith("sqlite:///"):
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        engine = db.make_engine(url)
-        try:
-            if create_schema and db.is_empty(engine):
-                db.migrate(engine)
-            db.check_schema(engine)
-            repo = Repository(engine, catalog=catalog)
-            quarantined: list[Quarantined] = []
-            if repo.load_nodes(catalog, corrupt=[]):
-                cp = recover(repo, clock, catalog, quarantined=quarantined)
-                synced = True
-                recovered = True
-            else:
-                if cluster is None:
-                    raise ValueError(
-                        "the store holds no cluster and none was given: pass a cluster spec"
-                    )
-                cp = build_control_plane(cluster, clock, catalog=catalog)
-                synced = False
-                recovered = False
-        except BaseException:
-            engine.dispose()
-            raise
+        repo, cp, recovered, quarantined = _open_state(url, cluster, clock, catalog,
+                                                       create_schema=create_schema)
+        synced = recovered  # a recovered state is the store's; a seeded one is written first
         if backend is None:
             from mlwe.runtime.simlive import LiveSimBackend
 
@@ -352,46 +319,12 @@ class Engine:
 
     def _publish_after_flush(self) -> None:
         out, self._state_out = self._state_out, []
-        streams = self.streams
         for w, tr in out:
-            streams.publish(
-                "state",
-                {
-                    "type": "transition",
-                    "workload": w.id,
-                    "name": w.spec.name,
-                    "kind": w.spec.kind.value,
-                    "priority": w.priority,
-                    "queue": w.queue,
-                    "from": tr.source.value if tr.source is not None else None,
-                    "to": tr.target.value,
-                    "reason": tr.reason,
-                    "attempt": w.attempt,
-                    "nodes": sorted({a.node for a in w.placement}),
-                    "deadline": w.deadline,
-                },
-                correlation_id=correlation_of(w),
-                workload=w.id,
-                time=tr.time,
-            )
+            self.streams.publish("state", transition_event(w, tr), correlation_id=correlation_of(w),
+                                 workload=w.id, time=tr.time)
         for entry in self.writer.last_audit:
-            self._publish_audit(entry)
-
-    def _publish_audit(self, entry: AuditEntry) -> None:
-        self.streams.publish(
-            "audit",
-            {
-                "seq": entry.seq,
-                "kind": entry.kind,
-                "actor": entry.actor,
-                "hash": entry.hash,
-                "prev_hash": entry.prev_hash,
-                "payload": entry.data(),
-            },
-            correlation_id=entry.correlation_id,
-            workload=entry.workload,
-            time=entry.time,
-        )
+            self.streams.publish("audit", audit_event(entry), correlation_id=entry.correlation_id,
+                                 workload=entry.workload, time=entry.time)
 
     # ================================================================ requests
     def request(self, req: Request) -> ApplyResult:
@@ -563,63 +496,21 @@ class Engine:
         """Independent submissions ``(specs, actor, correlation id)``, durable together."""
         return self.requests([submit_request(s, a, c) for s, a, c in requests])
 
-    def _operator(
-        self,
-        actions: Sequence[Action],
-        *,
-        kind: str,
-        actor: str,
-        what: dict[str, Any],
-        workload: str | None = None,
-        correlation_id: str | None = None,
-    ) -> ApplyResult:
-        action = str(what.get("action", kind))
-        detail = {k: v for k, v in what.items() if k != "action"}
-        return self.request(Request(kind, action, tuple(actions), actor, correlation_id,
-                                    workload=workload, detail=detail))
-
     def cancel(
         self, workload_id: str, *, actor: str = "api", correlation_id: str | None = None
     ) -> ApplyResult:
-        w = self.cp.workloads.get(workload_id)
-        cid = correlation_id or (correlation_of(w) if w is not None else None)
-        return self._operator(
-            [Cancel(workload_id)],
-            kind="operator",
-            actor=actor,
-            what={"action": "cancel", "workload": workload_id},
-            workload=workload_id,
-            correlation_id=cid,
-        )
+        return self.request(cancel_request(self.cp, workload_id, actor, correlation_id))
 
     def set_priority(
         self, workload_id: str, priority: int, *, actor: str = "api", reason: str = ""
     ) -> ApplyResult:
-        w = self.cp.workloads.get(workload_id)
-        return self._operator(
-            [SetPriority(workload_id, priority, reason or f"set by {actor}")],
-            kind="operator",
-            actor=actor,
-            what={"action": "set-priority", "workload": workload_id, "priority": priority},
-            workload=workload_id,
-            correlation_id=correlation_of(w) if w is not None else None,
-        )
+        return self.request(priority_request(self.cp, workload_id, priority, actor, reason))
 
     def set_node_status(
         self, node: str, status: NodeStatus, reason: str = "", *, actor: str = "api"
     ) -> ApplyResult:
         """Cordon (take nothing new), uncordon, or mark down (its workloads are requeued)."""
-        actions: list[Action] = [SetNodeStatus(node, status, reason or f"set by {actor}")]
-        if status is NodeStatus.DOWN and node in self.cp.capacity:
-            actions += [
-                Exited(h.id, h.attempt, -1, "node-lost") for h in self.cp.holders(node)
-            ]
-        return self._operator(
-            actions,
-            kind="operator",
-            actor=actor,
-            what={"action": "node-status", "node": node, "status": status.value, "reason": reason},
-        )
+        return self.request(node_status_request(self.cp, node, status, reason, actor))
 
     def drain(self, node: str, *, actor: str = "api", reason: str = "drain") -> ApplyResult:
         """Cordon a node and stop what runs there (each workload goes back to the queue)."""
@@ -634,29 +525,13 @@ class Engine:
 
     def requeue(self, workload_id: str, *, actor: str = "api", reason: str = "") -> ApplyResult:
         """Checkpoint-and-stop a running workload and put it back in the queue."""
-        return self._operator(
-            [Evict(workload_id, reason or f"requeued by {actor}")],
-            kind="operator",
-            actor=actor,
-            what={"action": "requeue", "workload": workload_id, "reason": reason},
-            workload=workload_id,
-        )
+        return self.request(requeue_request(workload_id, actor, reason))
 
     def set_queue(self, spec: QueueSpec, *, actor: str = "admin") -> ApplyResult:
-        return self._operator(
-            [SetQueue(spec)],
-            kind="config",
-            actor=actor,
-            what={"action": "set-queue", "queue": spec.model_dump(mode="json")},
-        )
+        return self.request(queue_request(spec, actor))
 
     def add_node(self, spec: NodeSpec, *, actor: str = "admin") -> ApplyResult:
-        return self._operator(
-            [AddNode(spec)],
-            kind="config",
-            actor=actor,
-            what={"action": "add-node", "node": spec.model_dump(mode="json")},
-        )
+        return self.request(node_request(spec, actor))
 
     def propose(
         self,
@@ -668,14 +543,8 @@ class Engine:
         rationale: str | None = None,
     ) -> ApplyResult:
         """An agent's (or any automation's) proposal: verified, applied or rejected, audited."""
-        workloads = sorted(
-            {a for x in actions for a in [getattr(x, "workload", None)] if isinstance(a, str)}
-        )
-        return self.request(
-            Request("proposal", "propose", tuple(actions), actor, correlation_id,
-                    expected_version=expected_version, rationale=rationale,
-                    workload=workloads[0] if len(workloads) == 1 else None)
-        )
+        return self.request(proposal_request(actions, actor, expected_version=expected_version,
+                                             correlation_id=correlation_id, rationale=rationale))
 
     def ingest(
         self,
@@ -694,11 +563,7 @@ class Engine:
         the store cannot take (:class:`StoreRefused`: rolled back, so a
         redelivery applies it afresh).
         """
-        detail = dict(what or {})
-        action = str(detail.pop("action", "submit" if any(
-            isinstance(a, Submit) for a in actions) else "request"))
-        req = Request("request", action, tuple(actions), actor, correlation_id,
-                      event_id=event_id, detail=detail, audit_refused=False)
+        req = event_request(event_id, actions, actor, correlation_id, what)
         with self._flush_mutex:
             with self.lock:
                 if self.repo.is_processed(event_id) or self.cp.seen_event(event_id):
@@ -729,8 +594,8 @@ class Engine:
 
         Durable when this returns; a payload with a number that is not finite is
         refused (:class:`RequestRejected`)."""
-        result = self.request(Request(kind, "note", (), actor, correlation_id,
-                                      workload=workload, detail=payload))
+        result = self.request(note_request(kind, actor, payload, workload=workload,
+                                           correlation_id=correlation_id))
         if not result.accepted:
             raise RequestRejected(result.reasons())
 
@@ -781,22 +646,21 @@ class Engine:
                 rep.errors.append(self.degraded or str(exc))
                 # state is kept in memory and written by the next successful flush; do not
                 # act on the backend before it is durable
-                self._held_commands = [*getattr(self, "_held_commands", []), *cmds]
+                self._held_commands += cmds
                 return rep
-            held = getattr(self, "_held_commands", [])
-            if held:
-                cmds = [*held, *cmds]
-                self._held_commands = []
+            if self._held_commands:
+                cmds, self._held_commands = [*self._held_commands, *cmds], []
             rep.version = self.cp.version
         if cmds:
             self.backend.send(cmds)
             for c in cmds:
-                self._publish_command(c)
+                self.streams.publish("state", command_event(c), correlation_id=c.correlation_id,
+                                     workload=c.workload)
         rep.commands = len(cmds)
         tel = self.backend.drain_telemetry()
         rep.telemetry = len(tel)
         if tel:
-            self._telemetry(tel)
+            self.telemetry.ingest(tel)
         now = self.clock.now()
         if now - self._last_maintenance >= self.config.maintenance_every_s:
             self._last_maintenance = now
@@ -804,68 +668,11 @@ class Engine:
         self.ticks += 1
         return rep
 
-    def _publish_command(self, c: Command) -> None:
-        data: dict[str, Any] = {
-            "type": "command",
-            "command": c.kind,
-            "request_id": c.request_id,
-            "workload": c.workload,
-            "attempt": c.attempt,
-        }
-        if isinstance(c, StartCommand):
-            data["nodes"] = sorted({a.node for a in c.placement})
-        elif isinstance(c, StopCommand):
-            data["reason"] = c.reason
-            data["grace_s"] = c.grace_s
-        self.streams.publish("state", data, correlation_id=c.correlation_id, workload=c.workload)
-
-    def _telemetry(self, samples: Iterable[Telemetry]) -> None:
-        every = self.config.telemetry_store_every_s
-        for s in samples:
-            for listener in self.telemetry_listeners:
-                listener(s)
-            self.streams.publish(
-                "telemetry",
-                {
-                    "node": s.node,
-                    "workload": s.workload,
-                    "metrics": dict(s.metrics),
-                    "declared": list(s.declared),
-                },
-                workload=s.workload,
-                time=s.time,
-            )
-            key = (s.node, s.workload)
-            if s.time - self._tel_stored.get(key, -1e18) >= every:
-                self._tel_stored[key] = s.time
-                metrics = {k: v for k, v in s.metrics.items()}
-                if s.declared:
-                    metrics["declared"] = list(s.declared)  # type: ignore[assignment]
-                self._tel_buffer.append(
-                    TelemetrySample(time=s.time, node=s.node, workload=s.workload, metrics=metrics)
-                )
-        if len(self._tel_buffer) >= 200:
-            self._store_telemetry()
-
-    def _store_telemetry(self) -> None:
-        buf, self._tel_buffer = self._tel_buffer, []
-        if not buf:
-            return
-        try:
-            self.repo.append_telemetry(buf, resolution_s=int(self.config.telemetry_store_every_s))
-        except Exception:  # observations, not state: losing some during an outage is accepted
-            log.warning("telemetry not stored (%d samples)", len(buf), exc_info=True)
-
     def maintenance(self) -> dict[str, int]:
         """Store buffered telemetry, downsample old samples, drop those past retention."""
-        cfg = self.config
         now = self.clock.now()
-        self._store_telemetry()
         try:
-            merged, _ = self.repo.downsample_telemetry(
-                now - cfg.telemetry_downsample_after_s, cfg.telemetry_downsample_to_s
-            )
-            pruned = self.repo.prune_telemetry(cfg.telemetry_retention_s, now)
+            merged, pruned = self.telemetry.maintenance(now)
             with self.lock:
                 summary = self.summary()
             self.repo.save_snapshot(summary["version"], now, summary)
@@ -935,7 +742,7 @@ class Engine:
                 self._flush_locked()
             except Exception:
                 log.warning("final flush failed", exc_info=True)
-            self._store_telemetry()
+            self.telemetry.store()
         if stop_workloads:
             self.backend.close()
         self.repo.close()
@@ -953,48 +760,23 @@ class Engine:
 
     # ========================================================= restart repair
     def reconcile_backend(self) -> RestartReport:
-        """After a restart: make the recovered state and the backend agree (module docstring)."""
-        rep = RestartReport()
-        cp = self.cp
-        running = {r.workload: r for r in self.backend.inventory()}
-        facts: list[Action] = []
-        resend: list[Command] = []
-        stops: list[Command] = []
-        for w in list(cp.workloads.values()):
-            if w.state not in HOLDING or w.state is State.ADMITTED:
-                continue
-            r = running.pop(w.id, None)
-            if r is not None and r.attempt == w.attempt:
-                rep.adopted.append(w.id)
-                if w.state is State.STARTING:
-                    facts.append(Started(w.id, w.attempt))
-                continue
-            if r is not None:  # an older attempt still runs: stop it
-                rep.orphans.append(f"{r.workload}#{r.attempt}")
-                stops.append(_orphan_stop(r.workload, r.attempt))
-            if w.state is State.STARTING:  # the start may never have reached it: send again
-                rep.restarted.append(w.id)
-                resend.append(start_command(w))
-            elif w.state in (State.PREEMPTING, State.STOPPING):
-                # it was being stopped and is gone: the release is what we waited for
-                rep.vanished.append(w.id)
-                facts.append(Released(w.id, w.attempt))
-            else:
-                rep.vanished.append(w.id)
-                facts.append(Exited(w.id, w.attempt, -1, "vanished"))
-        for r in running.values():
-            rep.orphans.append(f"{r.workload}#{r.attempt}")
-            stops.append(_orphan_stop(r.workload, r.attempt))
-        for a in facts:  # one by one: a fact the state no longer allows is reported, not fatal
-            res = cp.apply([a], cause_id="restart-reconcile")
+        """After a restart: make the recovered state and the backend agree
+        (:mod:`mlwe.runtime.restart`): facts applied one by one (one the state no
+        longer allows is reported, not fatal), the report audited, the stops and
+        starts sent at the next tick."""
+        fix = repair(self.cp.workloads.values(), self.backend.inventory())
+        for a in fix.facts:
+            res = self.cp.apply([a], cause_id="restart-reconcile")
             if not res.accepted:
                 log.warning("restart reconcile: %s refused: %s", a, "; ".join(res.reasons()))
         self.reconciler.resume()
-        self.writer.note_audit("operator", "engine", {"event": "restart-reconcile", **rep.to_dict()})
-        if resend or stops:
-            self.call_soon(lambda: self.backend.send([*stops, *resend]))
-        self.last_restart = rep
-        return rep
+        self.writer.note_audit("operator", "engine",
+                               {"event": "restart-reconcile", **fix.report.to_dict()})
+        if fix.commands:
+            cmds = fix.commands
+            self.call_soon(lambda: self.backend.send(cmds))
+        self.last_restart = fix.report
+        return fix.report
 
     # ================================================================ reading
     def health(self) -> dict[str, Any]:
@@ -1012,12 +794,26 @@ class Engine:
         }
 
 
-def _orphan_stop(workload: str, attempt: int) -> StopCommand:
-    return StopCommand(
-        request_id=f"orphan:{workload}:{attempt}",
-        workload=workload,
-        attempt=attempt,
-        grace_s=0.0,
-        reason="orphan",
-    )
-
+def _open_state(
+    url: str, cluster: ClusterSpec | None, clock: Clock, catalog: GpuCatalog, *,
+    create_schema: bool,
+) -> tuple[Repository, ControlPlane, bool, list[Quarantined]]:
+    """The store at ``url`` and the control plane it holds (recovered: True), or one
+    seeded from ``cluster`` when it holds no nodes; what recovery had to quarantine."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = db.make_engine(url)
+    try:
+        if create_schema and db.is_empty(engine):
+            db.migrate(engine)
+        db.check_schema(engine)
+        repo = Repository(engine, catalog=catalog)
+        quarantined: list[Quarantined] = []
+        if repo.load_nodes(catalog, corrupt=[]):
+            return repo, recover(repo, clock, catalog, quarantined=quarantined), True, quarantined
+        if cluster is None:
+            raise ValueError("the store holds no cluster and none was given: pass a cluster spec")
+        return repo, build_control_plane(cluster, clock, catalog=catalog), False, quarantined
+    except BaseException:
+        engine.dispose()
+        raise

@@ -30,10 +30,21 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from mlwe.core.actions import Action, AddNode, SetQueue, Submit
+from mlwe.core.actions import (
+    Action,
+    AddNode,
+    Cancel,
+    Evict,
+    Exited,
+    SetNodeStatus,
+    SetPriority,
+    SetQueue,
+    Submit,
+)
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.controlplane import ApplyResult, ControlPlane, Rejection, could_hold
-from mlwe.core.spec import WorkloadSpec
+from mlwe.core.reconcile import correlation_of
+from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
 from mlwe.store.sanitize import find_secrets
 
 #: A correlation id is an id: letters, digits, ``._:-``, matched in full.
@@ -242,6 +253,103 @@ def submit_request(
     """The request of a submission (what every door that submits builds)."""
     return Request("request", "submit", tuple(Submit(s) for s in specs), actor, correlation_id,
                    audit_refused=False, on_durable=on_durable)
+
+
+# ============================================================= the builders
+# What each door asks for, as a Request (the engine's methods of the same names
+# build them with these; a door may build its own with the same result).
+def operator_request(
+    actions: Sequence[Action],
+    *,
+    kind: str,
+    actor: str,
+    what: Mapping[str, Any],
+    workload: str | None = None,
+    correlation_id: str | None = None,
+) -> Request:
+    """An operator's or an administrator's request; ``what["action"]`` names it."""
+    action = str(what.get("action", kind))
+    detail = {k: v for k, v in what.items() if k != "action"}
+    return Request(kind, action, tuple(actions), actor, correlation_id, workload=workload,
+                   detail=detail)
+
+
+def cancel_request(cp: ControlPlane, workload_id: str, actor: str,
+                   correlation_id: str | None = None) -> Request:
+    w = cp.workloads.get(workload_id)
+    cid = correlation_id or (correlation_of(w) if w is not None else None)
+    return operator_request([Cancel(workload_id)], kind="operator", actor=actor,
+                            what={"action": "cancel", "workload": workload_id},
+                            workload=workload_id, correlation_id=cid)
+
+
+def priority_request(cp: ControlPlane, workload_id: str, priority: int, actor: str,
+                     reason: str = "") -> Request:
+    w = cp.workloads.get(workload_id)
+    return operator_request(
+        [SetPriority(workload_id, priority, reason or f"set by {actor}")],
+        kind="operator", actor=actor,
+        what={"action": "set-priority", "workload": workload_id, "priority": priority},
+        workload=workload_id, correlation_id=correlation_of(w) if w is not None else None)
+
+
+def node_status_request(cp: ControlPlane, node: str, status: NodeStatus, reason: str,
+                        actor: str) -> Request:
+    """Cordon, uncordon, or mark down (with the ``Exited`` of what the node holds)."""
+    actions: list[Action] = [SetNodeStatus(node, status, reason or f"set by {actor}")]
+    if status is NodeStatus.DOWN and node in cp.capacity:
+        actions += [Exited(h.id, h.attempt, -1, "node-lost") for h in cp.holders(node)]
+    return operator_request(
+        actions, kind="operator", actor=actor,
+        what={"action": "node-status", "node": node, "status": status.value, "reason": reason})
+
+
+def requeue_request(workload_id: str, actor: str, reason: str = "") -> Request:
+    return operator_request([Evict(workload_id, reason or f"requeued by {actor}")],
+                            kind="operator", actor=actor,
+                            what={"action": "requeue", "workload": workload_id,
+                                  "reason": reason},
+                            workload=workload_id)
+
+
+def queue_request(spec: QueueSpec, actor: str) -> Request:
+    return operator_request([SetQueue(spec)], kind="config", actor=actor,
+                            what={"action": "set-queue", "queue": spec.model_dump(mode="json")})
+
+
+def node_request(spec: NodeSpec, actor: str) -> Request:
+    return operator_request([AddNode(spec)], kind="config", actor=actor,
+                            what={"action": "add-node", "node": spec.model_dump(mode="json")})
+
+
+def proposal_request(actions: Sequence[Action], actor: str, *,
+                     expected_version: int | None = None, correlation_id: str | None = None,
+                     rationale: str | None = None) -> Request:
+    """An agent's (or any automation's) proposal; filed under the one workload it
+    touches, if it touches one."""
+    workloads = sorted(
+        {a for x in actions for a in [getattr(x, "workload", None)] if isinstance(a, str)})
+    return Request("proposal", "propose", tuple(actions), actor, correlation_id,
+                   expected_version=expected_version, rationale=rationale,
+                   workload=workloads[0] if len(workloads) == 1 else None)
+
+
+def event_request(event_id: str, actions: Sequence[Action], actor: str,
+                  correlation_id: str | None = None,
+                  what: Mapping[str, Any] | None = None) -> Request:
+    """A bus event's request: applied once per ``event_id``; refused ones are not audited
+    (the event is answered with the reasons instead)."""
+    detail = dict(what or {})
+    action = str(detail.pop("action", "submit" if any(
+        isinstance(a, Submit) for a in actions) else "request"))
+    return Request("request", action, tuple(actions), actor, correlation_id,
+                   event_id=event_id, detail=detail, audit_refused=False)
+
+
+def note_request(kind: str, actor: str, payload: Mapping[str, Any], *,
+                 workload: str | None = None, correlation_id: str | None = None) -> Request:
+    """An audit record of something done outside the control plane (no actions)."""
+    return Request(kind, "note", (), actor, correlation_id, workload=workload, detail=payload)
 
 
 def inadmissible(cp: ControlPlane, spec: WorkloadSpec, now: float) -> list[str]:

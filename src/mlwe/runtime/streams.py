@@ -31,6 +31,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlwe.core.backend import Command, StartCommand, StopCommand
+from mlwe.core.lifecycle import Transition
+from mlwe.core.model import Workload
+from mlwe.store.audit import AuditEntry
 from mlwe.store.sanitize import sanitize
 
 TOPICS = ("telemetry", "state", "reasoning", "audit")
@@ -329,3 +333,52 @@ class StreamHub:
         if workload is not None:
             evs = [e for e in evs if e.workload == workload]
         return evs[-limit:]
+
+
+# ============================================================ what is streamed
+# The engine's events, one shape each (the dashboard and `mlwe watch` read these).
+def transition_event(w: Workload, tr: Transition) -> dict[str, Any]:
+    """A workload's state transition, on the ``state`` topic."""
+    return {
+        "type": "transition",
+        "workload": w.id,
+        "name": w.spec.name,
+        "kind": w.spec.kind.value,
+        "priority": w.priority,
+        "queue": w.queue,
+        "from": tr.source.value if tr.source is not None else None,
+        "to": tr.target.value,
+        "reason": tr.reason,
+        "attempt": w.attempt,
+        "nodes": sorted({a.node for a in w.placement}),
+        "deadline": w.deadline,
+    }
+
+
+def command_event(c: Command) -> dict[str, Any]:
+    """A command sent to the backend, on the ``state`` topic."""
+    data: dict[str, Any] = {
+        "type": "command",
+        "command": c.kind,
+        "request_id": c.request_id,
+        "workload": c.workload,
+        "attempt": c.attempt,
+    }
+    if isinstance(c, StartCommand):
+        data["nodes"] = sorted({a.node for a in c.placement})
+    elif isinstance(c, StopCommand):
+        data["reason"] = c.reason
+        data["grace_s"] = c.grace_s
+    return data
+
+
+def audit_event(entry: AuditEntry) -> dict[str, Any]:
+    """An audit record once durable, on the ``audit`` topic."""
+    return {
+        "seq": entry.seq,
+        "kind": entry.kind,
+        "actor": entry.actor,
+        "hash": entry.hash,
+        "prev_hash": entry.prev_hash,
+        "payload": entry.data(),
+    }
