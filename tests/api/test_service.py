@@ -15,16 +15,16 @@ from pathlib import Path
 import httpx
 
 from mlwe.api.auth import Role
-from mlwe.api.faults import FaultInjector
 from mlwe.api.generator import WorkloadGenerator
 from mlwe.api.relay import trace_of
 from mlwe.api.serve import DEFAULT_CLUSTER, build_service
+from mlwe.backends.faults import FaultInjector
 from mlwe.core.actions import Exited, Released, Started
 from mlwe.core.backend import StartCommand
 from mlwe.core.clock import ManualClock
 from mlwe.core.spec import WorkloadSpec
-from mlwe.runtime.simlive import LiveSimBackend
 from mlwe.runtime.streams import StreamEvent
+from mlwe.sim.live import LiveSimBackend
 from tests.api.conftest import free_port, make_api, wait_for
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from mlwe.backends.local.nodes import LocalNodes
 from mlwe.core.clock import ManualClock
 from mlwe.core.spec import ClusterSpec, NodeSpec, QueueSpec, ReplicaQuota
-from mlwe.pipelines.localnodes import LocalNodes
 from mlwe.pipelines.runner import PipelineRunner
 from mlwe.runtime.clock import WallClock
 from mlwe.runtime.engine import Engine, EngineConfig
-from mlwe.runtime.simlive import LiveSimBackend
+from mlwe.sim.live import LiveSimBackend
 
 SIM_CLUSTER = ClusterSpec(
     nodes=(

@@ -18,7 +18,7 @@ from mlwe.core.spec import WorkloadSpec
 from mlwe.pipelines.runner import PipelineEvent, PipelineRunner, stream_listener
 from mlwe.pipelines.spec import Pipeline, PipelineError
 from mlwe.runtime.engine import Engine
-from mlwe.runtime.simlive import LiveSimBackend
+from mlwe.sim.live import LiveSimBackend
 from mlwe.store.pipelines import PipelineStore
 from tests.pipelines.conftest import SimRig
 

@@ -9,7 +9,7 @@
   from the backend itself (a real node-lost event, back after a while); on
   others the node is marked down through the control plane.
 - ``loss-diverges``: a running training run's loss starts to grow (injected
-  by :class:`mlwe.api.faults.FaultInjector`).
+  by :class:`mlwe.backends.faults.FaultInjector`).
 - ``oom-loop``: a new training job is OOM-killed on every attempt until it is
   given more memory (injected likewise).
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mlwe.api.faults import FaultInjector
+from mlwe.backends.faults import FaultInjector
 from mlwe.core.lifecycle import HOLDING, State
 from mlwe.core.spec import NodeStatus, WorkloadKind, WorkloadSpec
 from mlwe.runtime.engine import Engine

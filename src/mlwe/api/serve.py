@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 from mlwe.api.app import create_app
 from mlwe.api.auth import Role, TokenStore
 from mlwe.api.context import ApiSettings
-from mlwe.api.faults import FaultInjector
 from mlwe.api.generator import WorkloadGenerator
+from mlwe.backends.faults import FaultInjector
 from mlwe.core.backend import Backend
 from mlwe.core.clock import Clock
 from mlwe.core.spec import ClusterSpec, NodePool, NodeSpec
 from mlwe.runtime.clock import WallClock
 from mlwe.runtime.engine import Engine, EngineConfig
-from mlwe.runtime.simlive import LiveSimBackend
 from mlwe.sim.backend import SimBackendConfig
+from mlwe.sim.live import LiveSimBackend
 
 if TYPE_CHECKING:
     from mlwe.backends.local.telemetry import GpuDevice

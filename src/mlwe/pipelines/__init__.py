@@ -12,11 +12,12 @@
   :mod:`mlwe.pipelines.loadgen`: seeded request load and a client-side router;
 - :mod:`mlwe.pipelines.loop`: one thread driving engine, runner and supervisors;
   :mod:`mlwe.pipelines.ports`: what they need of an engine (a protocol);
-- :mod:`mlwe.pipelines.localnodes`: a workload daemon per node on this machine,
-  with node failure injection; :mod:`mlwe.pipelines.mlflow_export`: optional export;
+- :mod:`mlwe.pipelines.mlflow_export`: optional export;
 - :mod:`mlwe.pipelines.drift_retrain` and
   :mod:`mlwe.pipelines.inference_scaling`: the two case studies, whose step
-  programs are in :mod:`mlwe.pipelines.programs`;
+  programs are in :mod:`mlwe.pipelines.programs` (their cluster, a workload
+  daemon per node with node failure injection, is
+  :class:`mlwe.backends.local.nodes.LocalNodes`);
 - :mod:`mlwe.pipelines.cli`: ``mlwe pipeline``, ``mlwe runs``, ``mlwe example``.
 """
 

@@ -209,7 +209,7 @@ def _open_engine(
     clock = WallClock()
     be: Any
     if backend == "local":
-        from mlwe.pipelines.localnodes import LocalNodes
+        from mlwe.backends.local.nodes import LocalNodes
 
         try:
             be = LocalNodes(cluster, ddir / "local", clock)
@@ -218,7 +218,7 @@ def _open_engine(
                       soft_wrap=True)
             raise typer.Exit(2) from None
     else:
-        from mlwe.runtime.simlive import LiveSimBackend
+        from mlwe.sim.live import LiveSimBackend
 
         be = LiveSimBackend(clock, default_duration_s=5.0)
     engine = Engine.open(cluster, be, data_dir=ddir, database_url=database_url, clock=clock,

@@ -447,6 +447,6 @@ def _figures(
 
 def default_backend(clock: Clock, data_dir: Path, cluster: ClusterSpec) -> Backend:
     """The real backend for the case studies: a workload daemon per node on this machine."""
-    from mlwe.pipelines.localnodes import LocalNodes
+    from mlwe.backends.local.nodes import LocalNodes
 
     return LocalNodes(cluster, data_dir / "local", clock)

@@ -17,7 +17,7 @@ from typing import Any
 from mlwe.core.cluster import build_control_plane
 from mlwe.runtime.clock import WallClock
 from mlwe.runtime.engine import Engine
-from mlwe.runtime.simlive import LiveSimBackend
+from mlwe.sim.live import LiveSimBackend
 from mlwe.store.bench import _cluster, _template, bench_store, scratch_engine
 from mlwe.store.repository import Repository
 

@@ -235,7 +235,7 @@ class Engine:
                                                        create_schema=create_schema)
         synced = recovered  # a recovered state is the store's; a seeded one is written first
         if backend is None:
-            from mlwe.runtime.simlive import LiveSimBackend
+            from mlwe.sim.live import LiveSimBackend
 
             be: Backend = LiveSimBackend(clock)
         elif callable(backend) and not hasattr(backend, "send"):

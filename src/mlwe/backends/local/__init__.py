@@ -3,7 +3,10 @@
 - :class:`LocalBackend` (engine side, :mod:`.backend`): the core Backend protocol
   over daemon connections;
 - the daemon (:mod:`.daemon`, ``mlwe daemon``): runs workloads as process trees,
-  evicts them gracefully, measures them with psutil and NVML.
+  evicts them gracefully, measures them with psutil and NVML;
+- :class:`LocalNodes <mlwe.backends.local.nodes.LocalNodes>` (:mod:`.nodes`): a
+  LocalBackend with one daemon per node, so that a node can fail on its own
+  (the pipelines' case studies).
 """
 
 

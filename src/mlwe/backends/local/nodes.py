@@ -1,4 +1,4 @@
-"""The case studies' cluster on this machine: one workload daemon per node.
+"""A local cluster with one workload daemon per node (the case studies' cluster).
 
 A :class:`LocalNodes` is the Backend the engine drives (it delegates to a
 :class:`mlwe.backends.local.LocalBackend`), with one ``mlwe daemon`` process
