@@ -20,13 +20,10 @@ from mlwe.api.auth import Role, TokenStore
 from mlwe.api.context import ApiSettings
 from mlwe.api.generator import WorkloadGenerator
 from mlwe.backends.faults import FaultInjector
-from mlwe.core.backend import Backend
-from mlwe.core.clock import Clock
 from mlwe.core.spec import ClusterSpec, NodePool, NodeSpec
+from mlwe.runtime.backends import UnknownBackend, make_backend
 from mlwe.runtime.clock import WallClock
 from mlwe.runtime.engine import Engine, EngineConfig
-from mlwe.sim.backend import SimBackendConfig
-from mlwe.sim.live import LiveSimBackend
 
 if TYPE_CHECKING:
     from mlwe.backends.local.telemetry import GpuDevice
@@ -43,6 +40,10 @@ DEFAULT_CLUSTER = ClusterSpec(
     ),
     nodes=(NodeSpec(name="cpu-0", cpu=64, memory="512Gi"),),
 )
+
+#: ``--backend sim``: telemetry every 2 s, and 300 s for a workload that gives no estimate
+SIM_TELEMETRY_S = 2.0
+SIM_DEFAULT_DURATION_S = 300.0
 
 
 class ServeError(RuntimeError):
@@ -83,43 +84,6 @@ def local_cluster(gpus: Sequence[GpuDevice] | None = None) -> ClusterSpec:
             nodes.insert(0, NodeSpec(name="local-gpu-0", gpu_model=model, gpus=len(gpus),
                                      **share))
     return ClusterSpec(nodes=tuple(nodes))
-
-
-def make_backend(
-    kind: str,
-    clock: Clock,
-    cluster: ClusterSpec,
-    *,
-    seed: int = 0,
-    telemetry_s: float = 2.0,
-    ray_address: str | None = None,
-    slurm: Mapping[str, Any] | None = None,
-) -> Backend:
-    """The backend named ``kind`` for ``cluster`` (``local`` also starts a daemon for it;
-    ``slurm`` takes :class:`SlurmBackendConfig` fields in ``slurm``)."""
-    if kind == "sim":
-        cfg = SimBackendConfig(telemetry_interval_s=telemetry_s, eviction_delay_s=2.0, seed=seed)
-        return LiveSimBackend(clock, cfg, default_duration_s=300.0, seed=seed)
-    if kind == "local":
-        from mlwe.backends.local import LocalBackend
-
-        local = LocalBackend(cluster, clock=clock)
-        try:
-            local.spawn_daemon(cluster.all_nodes(), declared_gpus=True)
-            local.wait_for_nodes(timeout=60)
-        except BaseException:
-            local.close()
-            raise
-        return local
-    if kind == "ray":
-        from mlwe.backends.ray.backend import RayBackend, RayBackendConfig
-
-        return RayBackend(cluster, RayBackendConfig(address=ray_address), clock=clock)
-    if kind == "slurm":
-        from mlwe.backends.slurm import SlurmBackend, SlurmBackendConfig
-
-        return SlurmBackend(cluster, SlurmBackendConfig(**dict(slurm or {})), clock=clock)
-    raise ServeError(f"unknown backend {kind!r}: use sim, local, ray or slurm")
 
 
 def attach_agent(engine: Engine, mode: str = "autonomous") -> Any | None:
@@ -208,8 +172,11 @@ def build_service(
         # its jobs) and be seen by the nodes: under the data dir unless told otherwise
         slurm.setdefault("run_dir", str(Path(data_dir or ".mlwe") / "slurm"))
     try:
-        inner = make_backend(backend, clock, cluster, seed=seed, ray_address=ray_address,
+        inner = make_backend(backend, clock, cluster, seed=seed, telemetry_s=SIM_TELEMETRY_S,
+                             default_duration_s=SIM_DEFAULT_DURATION_S, ray_address=ray_address,
                              slurm=slurm)
+    except UnknownBackend as exc:
+        raise ServeError(str(exc)) from None
     except (ImportError, OSError, RuntimeError, TimeoutError) as exc:
         raise ServeError(f"the {backend} backend did not start: {exc}") from exc
     be = FaultInjector(inner, clock)

@@ -8,7 +8,8 @@
   faults an operator asks for (diverging loss, OOM loops).
 
 The simulated backend is in :mod:`mlwe.sim` (:mod:`mlwe.sim.live` paces it to
-a live clock).
+a live clock). The commands build any of them by name through
+:mod:`mlwe.runtime.backends`.
 
 This package imports nothing on its own: each backend pulls in its
 dependencies (psutil, NVML, Ray) only when it is used.

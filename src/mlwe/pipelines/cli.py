@@ -193,34 +193,36 @@ ServeFor = Annotated[
 Timeout = Annotated[float, typer.Option(help="give up after this many seconds")]
 
 
+#: The backends (:mod:`mlwe.runtime.backends` kinds) a pipeline runs on here.
+PIPELINE_BACKENDS = ("local", "sim")
+
+
 def _open_engine(
     ddir: Path, database_url: str | None, cluster_file: Path | None, backend: str
 ) -> tuple[Any, Any, Any]:
     """The engine on the data directory, its pipeline runner and the loop that drives both."""
     from mlwe.pipelines.loop import PipelineLoop
     from mlwe.pipelines.runner import PipelineRunner, stream_listener
+    from mlwe.runtime.backends import make_backend
     from mlwe.runtime.clock import WallClock
     from mlwe.runtime.engine import Engine, EngineConfig
 
-    if backend not in ("local", "sim"):
+    if backend not in PIPELINE_BACKENDS:
         err.print("error: --backend must be local or sim", markup=False)
         raise typer.Exit(2)
     cluster = _cluster(ddir, database_url, cluster_file)
     clock = WallClock()
-    be: Any
-    if backend == "local":
-        from mlwe.backends.local.nodes import LocalNodes
-
-        try:
-            be = LocalNodes(cluster, ddir / "local", clock)
-        except Exception as exc:  # a daemon refused its node (e.g. larger than the machine)
-            err.print(f"error: cannot start the workload daemons: {exc}", markup=False,
-                      soft_wrap=True)
-            raise typer.Exit(2) from None
-    else:
-        from mlwe.sim.live import LiveSimBackend
-
-        be = LiveSimBackend(clock, default_duration_s=5.0)
+    try:
+        # local: a daemon per node, so that a node can fail on its own; sim: a step with
+        # no estimate runs 5 s
+        be = make_backend(backend, clock, cluster, default_duration_s=5.0,
+                          local_nodes_dir=ddir / "local")
+    except Exception as exc:  # a daemon refused its node (e.g. larger than the machine)
+        if backend != "local":
+            raise
+        err.print(f"error: cannot start the workload daemons: {exc}", markup=False,
+                  soft_wrap=True)
+        raise typer.Exit(2) from None
     engine = Engine.open(cluster, be, data_dir=ddir, database_url=database_url, clock=clock,
                          config=EngineConfig(retry_base_s=1.0, tick_s=0.1))
     runner = PipelineRunner(engine, ddir, verify_outputs=backend == "local")

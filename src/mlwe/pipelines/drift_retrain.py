@@ -447,6 +447,6 @@ def _figures(
 
 def default_backend(clock: Clock, data_dir: Path, cluster: ClusterSpec) -> Backend:
     """The real backend for the case studies: a workload daemon per node on this machine."""
-    from mlwe.backends.local.nodes import LocalNodes
+    from mlwe.runtime.backends import make_backend
 
-    return LocalNodes(cluster, data_dir / "local", clock)
+    return make_backend("local", clock, cluster, local_nodes_dir=data_dir / "local")
