@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from mlwe.core import (
-    PLACEMENT_POLICIES,
     DeadlineStatus,
     NodeSpec,
     Place,
@@ -26,6 +25,7 @@ from mlwe.core import (
     WorkloadSpec,
 )
 from mlwe.core.capacity import FULL
+from mlwe.core.policies.placement import BestFit, PlacementPolicy, Spread
 from tests.core.builders import (
     A100,
     T4,
@@ -55,7 +55,7 @@ class Case:
     progress: tuple[tuple[str, float], ...] = ()  # Progress (no checkpoint) just before the cycle
     queues: tuple[QueueSpec, ...] = ()
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
-    placement: str = "best-fit"
+    placement: type[PlacementPolicy] = BestFit
     # expected
     placed: dict[str, str] = field(default_factory=dict)  # id -> "node[:gpuN],node..."
     evicted: dict[str, str] = field(default_factory=dict)  # victim -> "preemptor (reason)"
@@ -390,7 +390,7 @@ CASES = [
     ),
     Case(
         "spread-takes-the-emptiest-node",
-        placement="spread",
+        placement=Spread,
         nodes=(A100_0, A100_1),
         running=((job("r", gpu=4, models=[A100]), "a100-0"),),
         waiting=(job("j", gpu=2, models=[A100]),),
@@ -410,7 +410,7 @@ CASES = [
     ),
     Case(
         "spread-takes-the-node-with-most-free-gpus",
-        placement="spread",
+        placement=Spread,
         nodes=(T4_0, A100_0),
         waiting=(job("j", gpu=1, cpu=4),),
         placed={"j": "a100-0"},
@@ -471,7 +471,7 @@ def _setup(case: Case):
     for wid, frac in case.checkpoints:
         ok(cp.apply([Progress(wid, cp.get(wid).attempt, frac, checkpointed=True)]))
     submit(cp, *case.waiting)
-    scheduler = Scheduler(placement=PLACEMENT_POLICIES[case.placement](), config=case.config)
+    scheduler = Scheduler(placement=case.placement(), config=case.config)
     return cp, clock, scheduler
 
 

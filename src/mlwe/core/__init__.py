@@ -36,11 +36,6 @@ from mlwe.core.controlplane import (
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import TRANSITIONS, IllegalTransition, State, Transition
 from mlwe.core.model import Queue, Workload
-from mlwe.core.policies import (
-    ORDERING_POLICIES,
-    PLACEMENT_POLICIES,
-    PREEMPTION_POLICIES,
-)
 from mlwe.core.policies.deadline import DeadlineStatus, DeadlineVerdict, deadline_admission
 from mlwe.core.resources import Resources
 from mlwe.core.scheduler import Plan, Scheduler, SchedulerConfig
@@ -60,9 +55,6 @@ from mlwe.core.spec import (
 __all__ = [
     "DEFAULT_CATALOG",
     "DEFAULT_PRIORITY_CLASSES",
-    "ORDERING_POLICIES",
-    "PLACEMENT_POLICIES",
-    "PREEMPTION_POLICIES",
     "TRANSITIONS",
     "Action",
     "AddNode",
