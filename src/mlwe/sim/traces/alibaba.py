@@ -9,17 +9,17 @@ from types import MappingProxyType
 from typing import Final
 
 from mlwe.core.catalog import GpuCatalog
-from mlwe.core.spec import NodeSpec
+from mlwe.core.spec import ClusterSpec, NodeSpec
 from mlwe.sim.traces.cluster import (
     ClusterArg,
     _catalog_for,
     _cluster_gpus,
     _cluster_of,
     _node,
-    _override,
 )
 from mlwe.sim.traces.model import TRACE_GPU, Trace, _RawJob, resolve_traces_dir
 from mlwe.sim.traces.rows import (
+    _choose_cluster,
     _Clamp,
     _finish,
     _gc_paused,
@@ -87,72 +87,6 @@ def load_alibaba(
     pods_label, nodes_label = "alibaba-openb/pods.csv", "alibaba-openb/nodes.csv"
     clamp = _Clamp()
 
-    def parse(row: _Row) -> tuple[_RawJob, bool, float]:
-        name = row.get("name")
-        if not name:
-            raise _RowError("name is missing")
-        cpu = _whole(row.get("cpu_milli"), "cpu_milli")
-        mem = _whole(row.get("memory_mib"), "memory_mib")
-        num_gpu = _whole(row.get("num_gpu"), "num_gpu")
-        gpu_milli = _whole(row.get("gpu_milli"), "gpu_milli")
-        for col, v in (
-            ("cpu_milli", cpu),
-            ("memory_mib", mem),
-            ("num_gpu", num_gpu),
-            ("gpu_milli", gpu_milli),
-        ):
-            if v < 0:
-                raise _RowError(f"{col} {v} is negative")
-        if num_gpu == 0:
-            if gpu_milli:
-                raise _RowError(f"gpu_milli {gpu_milli} given with num_gpu 0")
-            total_gpu = 0
-        elif num_gpu == 1:
-            if not 0 < gpu_milli <= 1000:
-                raise _RowError(f"gpu_milli {gpu_milli} is not in 1..1000 for num_gpu 1")
-            total_gpu = gpu_milli
-        else:
-            total_gpu = num_gpu * 1000
-        qos = row.get("qos")
-        if qos not in ALIBABA_QOS_PRIORITY:
-            raise _RowError(f"qos {qos!r} is not one of {', '.join(ALIBABA_QOS_PRIORITY)}")
-        models: list[str] = []
-        for part in row.get("gpu_spec").split("|"):
-            part = part.strip()
-            if not part:
-                continue
-            if part not in ALIBABA_MODELS:
-                raise _RowError(
-                    f"gpu_spec model {part!r} is not one of {', '.join(ALIBABA_MODELS)}"
-                )
-            models.append(ALIBABA_MODELS[part])
-        if models and not total_gpu:
-            raise _RowError("gpu_spec given for a pod that asks no GPU")
-        created = _non_negative(row.get("creation_time"), "creation_time")
-        deleted = _non_negative(row.get("deletion_time"), "deletion_time")
-        sched_text = row.get("scheduled_time")
-        start = _non_negative(sched_text, "scheduled_time") if sched_text else created
-        if start < created:
-            raise _RowError(f"scheduled_time {start:g} is before creation_time {created:g}")
-        if deleted < start:
-            what = "scheduled_time" if sched_text else "creation_time"
-            raise _RowError(f"deletion_time {deleted:g} is before {what} {start:g}")
-        phase = row.get("pod_phase")
-        raw = _RawJob(
-            job_id=name,
-            line=row.line,
-            submit=created,
-            duration=clamp(deleted - start),
-            gpu_milli=total_gpu,
-            cpu_milli=cpu,
-            memory_mib=mem,
-            priority=ALIBABA_QOS_PRIORITY[qos],
-            gpu_models=tuple(dict.fromkeys(models)),
-            kind="inference" if qos == "LS" else "other",
-            labels={"qos": qos, "pod_phase": phase} if phase else {"qos": qos},
-        )
-        return raw, bool(sched_text), deleted
-
     rows, skipped = _read_rows(
         _trace_file(root, pods_label),
         pods_label,
@@ -166,7 +100,7 @@ def load_alibaba(
             "creation_time",
             "deletion_time",
         ),
-        parse,
+        lambda row: _alibaba_pod(row, clamp),
         skip_bad_rows=skip_bad_rows,
     )
     raws: list[_RawJob] = [r for r, _, _ in rows]
@@ -192,20 +126,13 @@ def load_alibaba(
         + f"); {censored} pod(s) still Running at the trace end ({end:.0f} s) have censored"
         " durations",
     ]
-    if cluster is None:
+    def default() -> tuple[ClusterSpec, list[str]]:
         nodes = _alibaba_nodes(root, nodes_label, cat)
         use = _cluster_of(cat, nodes)
-        notes.insert(
-            0,
-            f"cluster = alibaba-openb/nodes.csv: {len(nodes)} nodes, {_cluster_gpus(use)} GPUs,"
-            " cpu and memory as given",
-        )
-        overridden = False
-    else:
-        use, extra = _override(cluster, cat, TRACE_GPU.name)
-        notes[:0] = extra
-        overridden = True
-    notes.append(clamp.note())
+        return use, [f"cluster = alibaba-openb/nodes.csv: {len(nodes)} nodes,"
+                     f" {_cluster_gpus(use)} GPUs, cpu and memory as given"]
+
+    use, overridden = _choose_cluster(cluster, cat, TRACE_GPU.name, notes, default)
     return _finish(
         "alibaba",
         raws,
@@ -217,6 +144,7 @@ def load_alibaba(
         skipped=skipped,
         limit=limit,
         skip_bad_rows=skip_bad_rows,
+        clamp=clamp,
     )
 
 
@@ -247,3 +175,71 @@ def _alibaba_nodes(root: Path, label: str, catalog: GpuCatalog) -> list[NodeSpec
         skip_bad_rows=False,
     )
     return nodes
+
+
+def _alibaba_pod(row: _Row, clamp: _Clamp) -> tuple[_RawJob, bool, float]:
+    """One pod: (the job, whether it was ever scheduled, its deletion time)."""
+    name = row.get("name")
+    if not name:
+        raise _RowError("name is missing")
+    cpu = _whole(row.get("cpu_milli"), "cpu_milli")
+    mem = _whole(row.get("memory_mib"), "memory_mib")
+    num_gpu = _whole(row.get("num_gpu"), "num_gpu")
+    gpu_milli = _whole(row.get("gpu_milli"), "gpu_milli")
+    for col, v in (
+        ("cpu_milli", cpu),
+        ("memory_mib", mem),
+        ("num_gpu", num_gpu),
+        ("gpu_milli", gpu_milli),
+    ):
+        if v < 0:
+            raise _RowError(f"{col} {v} is negative")
+    if num_gpu == 0:
+        if gpu_milli:
+            raise _RowError(f"gpu_milli {gpu_milli} given with num_gpu 0")
+        total_gpu = 0
+    elif num_gpu == 1:
+        if not 0 < gpu_milli <= 1000:
+            raise _RowError(f"gpu_milli {gpu_milli} is not in 1..1000 for num_gpu 1")
+        total_gpu = gpu_milli
+    else:
+        total_gpu = num_gpu * 1000
+    qos = row.get("qos")
+    if qos not in ALIBABA_QOS_PRIORITY:
+        raise _RowError(f"qos {qos!r} is not one of {', '.join(ALIBABA_QOS_PRIORITY)}")
+    models: list[str] = []
+    for part in row.get("gpu_spec").split("|"):
+        part = part.strip()
+        if not part:
+            continue
+        if part not in ALIBABA_MODELS:
+            raise _RowError(
+                f"gpu_spec model {part!r} is not one of {', '.join(ALIBABA_MODELS)}"
+            )
+        models.append(ALIBABA_MODELS[part])
+    if models and not total_gpu:
+        raise _RowError("gpu_spec given for a pod that asks no GPU")
+    created = _non_negative(row.get("creation_time"), "creation_time")
+    deleted = _non_negative(row.get("deletion_time"), "deletion_time")
+    sched_text = row.get("scheduled_time")
+    start = _non_negative(sched_text, "scheduled_time") if sched_text else created
+    if start < created:
+        raise _RowError(f"scheduled_time {start:g} is before creation_time {created:g}")
+    if deleted < start:
+        what = "scheduled_time" if sched_text else "creation_time"
+        raise _RowError(f"deletion_time {deleted:g} is before {what} {start:g}")
+    phase = row.get("pod_phase")
+    raw = _RawJob(
+        job_id=name,
+        line=row.line,
+        submit=created,
+        duration=clamp(deleted - start),
+        gpu_milli=total_gpu,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        priority=ALIBABA_QOS_PRIORITY[qos],
+        gpu_models=tuple(dict.fromkeys(models)),
+        kind="inference" if qos == "LS" else "other",
+        labels={"qos": qos, "pod_phase": phase} if phase else {"qos": qos},
+    )
+    return raw, bool(sched_text), deleted

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mlwe.core.catalog import GpuCatalog
 from mlwe.core.spec import ClusterSpec, NodeSpec
-from mlwe.sim.traces.cluster import ClusterArg, _catalog_for, _cluster_of, _override, _sized_cluster
+from mlwe.sim.traces.cluster import ClusterArg, _catalog_for, _cluster_of, _sized_cluster
 from mlwe.sim.traces.model import (
     JOB_CPU_MILLI_PER_GPU,
     JOB_MEMORY_MIB_PER_GPU,
@@ -17,6 +17,7 @@ from mlwe.sim.traces.model import (
     _RawJob,
 )
 from mlwe.sim.traces.rows import (
+    _choose_cluster,
     _Clamp,
     _finish,
     _gc_paused,
@@ -25,6 +26,7 @@ from mlwe.sim.traces.rows import (
     _read_rows,
     _Row,
     _RowError,
+    _sized_on,
 )
 
 # ---------------------------------------------------------------- generic CSV
@@ -58,63 +60,11 @@ def load_generic_csv(
     label = str(path)
     clamp = _Clamp()
 
-    def parse(row: _Row) -> _RawJob:
-        job_id = row.get("job_id")
-        if not job_id:
-            raise _RowError("job_id is missing")
-        submit = _non_negative(row.get("submit_time"), "submit_time")
-        duration = clamp(_non_negative(row.get("duration"), "duration"))
-        gpu_text = row.get("num_gpu")
-        gpus = _non_negative(gpu_text, "num_gpu")
-        if gpus >= 1 and gpus != int(gpus):
-            raise _RowError(f"num_gpu {gpu_text!r}: above 1, GPUs must be whole")
-        gpu_milli = round(gpus * 1000)
-        if gpus > 0 and gpu_milli == 0:
-            raise _RowError(f"num_gpu {gpu_text!r} is below one milli-GPU")
-        deadline = None
-        if row.get("deadline"):
-            deadline = _number(row.get("deadline"), "deadline")
-            if deadline <= submit:
-                raise _RowError(f"deadline {deadline:g} is not after submit_time {submit:g}")
-        estimate = None
-        if row.get("estimated_duration"):
-            estimate = _number(row.get("estimated_duration"), "estimated_duration")
-            if estimate <= 0:
-                raise _RowError(f"estimated_duration {estimate:g} is not positive")
-        prio_text = row.get("priority")
-        priority: int | str = 50
-        if prio_text:
-            priority = int(prio_text) if prio_text.lstrip("-").isdigit() else prio_text
-        models = tuple(m.strip() for m in row.get("gpu_model").split("|") if m.strip())
-        unknown = [m for m in models if m not in cat]
-        if unknown:
-            raise _RowError(
-                f"gpu_model {', '.join(unknown)} is not in the GPU catalogue"
-                f" (known: {', '.join(cat.names())})"
-            )
-        if models and not gpu_milli:
-            raise _RowError("gpu_model given for a job with num_gpu 0")
-        units = max(1000, gpu_milli)
-        return _RawJob(
-            job_id=job_id,
-            line=row.line,
-            submit=submit,
-            duration=duration,
-            gpu_milli=gpu_milli,
-            cpu_milli=JOB_CPU_MILLI_PER_GPU * units // 1000,
-            memory_mib=JOB_MEMORY_MIB_PER_GPU * units // 1000,
-            queue=row.get("queue") or "default",
-            priority=priority,
-            deadline=deadline,
-            estimate=estimate,
-            gpu_models=models,
-        )
-
     raws, skipped = _read_rows(
         file,
         label,
         ("job_id", "submit_time", "duration", "num_gpu"),
-        parse,
+        lambda row: _generic_job(row, clamp, cat),
         skip_bad_rows=skip_bad_rows,
     )
     notes = [
@@ -125,17 +75,8 @@ def load_generic_csv(
         "gang rule: a job with more GPUs than the largest node becomes n//g replicas of g GPUs,"
         " g the largest divisor of n not above that node size",
     ]
-    if cluster is None:
-        ordered = sorted(raws, key=lambda r: (r.submit, r.line))
-        sized_on = ordered[:limit] if limit is not None else ordered
-        use, sizing = _generic_cluster(sized_on, cat)
-        notes[:0] = sizing
-        overridden = False
-    else:
-        use, extra = _override(cluster, cat, TRACE_GPU.name)
-        notes[:0] = extra
-        overridden = True
-    notes.append(clamp.note())
+    use, overridden = _choose_cluster(cluster, cat, TRACE_GPU.name, notes,
+                                      lambda: _generic_cluster(_sized_on(raws, limit), cat))
     return _finish(
         label,
         raws,
@@ -147,6 +88,7 @@ def load_generic_csv(
         skipped=skipped,
         limit=limit,
         skip_bad_rows=skip_bad_rows,
+        clamp=clamp,
     )
 
 
@@ -166,3 +108,56 @@ def _generic_cluster(raws: Sequence[_RawJob], catalog: GpuCatalog) -> tuple[Clus
         nodes.extend(part.nodes)
         notes.append(f"{model}: {note}")
     return _cluster_of(catalog, nodes), notes
+
+
+def _generic_job(row: _Row, clamp: _Clamp, cat: GpuCatalog) -> _RawJob:
+    job_id = row.get("job_id")
+    if not job_id:
+        raise _RowError("job_id is missing")
+    submit = _non_negative(row.get("submit_time"), "submit_time")
+    duration = clamp(_non_negative(row.get("duration"), "duration"))
+    gpu_text = row.get("num_gpu")
+    gpus = _non_negative(gpu_text, "num_gpu")
+    if gpus >= 1 and gpus != int(gpus):
+        raise _RowError(f"num_gpu {gpu_text!r}: above 1, GPUs must be whole")
+    gpu_milli = round(gpus * 1000)
+    if gpus > 0 and gpu_milli == 0:
+        raise _RowError(f"num_gpu {gpu_text!r} is below one milli-GPU")
+    deadline = None
+    if row.get("deadline"):
+        deadline = _number(row.get("deadline"), "deadline")
+        if deadline <= submit:
+            raise _RowError(f"deadline {deadline:g} is not after submit_time {submit:g}")
+    estimate = None
+    if row.get("estimated_duration"):
+        estimate = _number(row.get("estimated_duration"), "estimated_duration")
+        if estimate <= 0:
+            raise _RowError(f"estimated_duration {estimate:g} is not positive")
+    prio_text = row.get("priority")
+    priority: int | str = 50
+    if prio_text:
+        priority = int(prio_text) if prio_text.lstrip("-").isdigit() else prio_text
+    models = tuple(m.strip() for m in row.get("gpu_model").split("|") if m.strip())
+    unknown = [m for m in models if m not in cat]
+    if unknown:
+        raise _RowError(
+            f"gpu_model {', '.join(unknown)} is not in the GPU catalogue"
+            f" (known: {', '.join(cat.names())})"
+        )
+    if models and not gpu_milli:
+        raise _RowError("gpu_model given for a job with num_gpu 0")
+    units = max(1000, gpu_milli)
+    return _RawJob(
+        job_id=job_id,
+        line=row.line,
+        submit=submit,
+        duration=duration,
+        gpu_milli=gpu_milli,
+        cpu_milli=JOB_CPU_MILLI_PER_GPU * units // 1000,
+        memory_mib=JOB_MEMORY_MIB_PER_GPU * units // 1000,
+        queue=row.get("queue") or "default",
+        priority=priority,
+        deadline=deadline,
+        estimate=estimate,
+        gpu_models=models,
+    )

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlwe.core.catalog import GpuCatalog
-from mlwe.sim.traces.cluster import ClusterArg, _catalog_for, _override, _sized_cluster
+from mlwe.core.spec import ClusterSpec
+from mlwe.sim.traces.cluster import ClusterArg, _catalog_for, _sized_cluster
 from mlwe.sim.traces.model import ITP_GPU, Trace, TraceError, _RawJob, resolve_traces_dir
 from mlwe.sim.traces.rows import (
+    _choose_cluster,
     _Clamp,
     _finish,
     _gc_paused,
@@ -17,6 +19,7 @@ from mlwe.sim.traces.rows import (
     _read_rows,
     _Row,
     _RowError,
+    _sized_on,
     _whole,
 )
 
@@ -59,37 +62,11 @@ def load_itp(
         )
     clamp = _Clamp()
 
-    def parse(row: _Row) -> _RawJob:
-        job_id = row.get("job_id")
-        if not job_id:
-            raise _RowError("job_id is missing")
-        submit = _non_negative(row.get("submission_time"), "submission_time")
-        deadline = _number(row.get("deadline"), "deadline")
-        if deadline <= submit:
-            raise _RowError(f"deadline {deadline:g} is not after submission_time {submit:g}")
-        duration = clamp(_non_negative(row.get("duration"), "duration"))
-        gpus = _whole(row.get("num_gpu"), "num_gpu")
-        if gpus <= 0:
-            raise _RowError(f"num_gpu {gpus} is not positive (ITP jobs use GPUs)")
-        labels = {
-            k: row.get(k) for k in ("model_name", "batch_size", "num_iteration") if row.get(k)
-        }
-        return _per_gpu_job(
-            job_id,
-            row.line,
-            submit,
-            duration,
-            gpus,
-            deadline=deadline,
-            kind="training",
-            labels=labels,
-        )
-
     raws, skipped = _read_rows(
         path,
         label,
         ("job_id", "submission_time", "deadline", "num_gpu", "duration"),
-        parse,
+        lambda row: _itp_job(row, clamp),
         skip_bad_rows=skip_bad_rows,
     )
     notes = [
@@ -104,18 +81,11 @@ def load_itp(
         "gang rule: a job with more GPUs than the largest node becomes n//g replicas of g GPUs,"
         " g the largest divisor of n not above that node size (16 -> 2x8, 64 -> 8x8)",
     ]
-    if cluster is None:
-        # size on the jobs actually replayed (the first `limit` in submit order)
-        ordered = sorted(raws, key=lambda r: (r.submit, r.line))
-        sized_on = ordered[:limit] if limit is not None else ordered
-        use, sizing = _sized_cluster(sized_on, ITP_GPU.name, cat, "itp")
-        notes.insert(0, sizing)
-        overridden = False
-    else:
-        use, extra = _override(cluster, cat, ITP_GPU.name)
-        notes[:0] = extra
-        overridden = True
-    notes.append(clamp.note())
+    def default() -> tuple[ClusterSpec, list[str]]:
+        use, sizing = _sized_cluster(_sized_on(raws, limit), ITP_GPU.name, cat, "itp")
+        return use, [sizing]
+
+    use, overridden = _choose_cluster(cluster, cat, ITP_GPU.name, notes, default)
     return _finish(
         f"itp:{cluster_no:02d}",
         raws,
@@ -127,4 +97,32 @@ def load_itp(
         skipped=skipped,
         limit=limit,
         skip_bad_rows=skip_bad_rows,
+        clamp=clamp,
+    )
+
+
+def _itp_job(row: _Row, clamp: _Clamp) -> _RawJob:
+    job_id = row.get("job_id")
+    if not job_id:
+        raise _RowError("job_id is missing")
+    submit = _non_negative(row.get("submission_time"), "submission_time")
+    deadline = _number(row.get("deadline"), "deadline")
+    if deadline <= submit:
+        raise _RowError(f"deadline {deadline:g} is not after submission_time {submit:g}")
+    duration = clamp(_non_negative(row.get("duration"), "duration"))
+    gpus = _whole(row.get("num_gpu"), "num_gpu")
+    if gpus <= 0:
+        raise _RowError(f"num_gpu {gpus} is not positive (ITP jobs use GPUs)")
+    labels = {
+        k: row.get(k) for k in ("model_name", "batch_size", "num_iteration") if row.get(k)
+    }
+    return _per_gpu_job(
+        job_id,
+        row.line,
+        submit,
+        duration,
+        gpus,
+        deadline=deadline,
+        kind="training",
+        labels=labels,
     )

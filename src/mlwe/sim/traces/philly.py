@@ -6,17 +6,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mlwe.core.catalog import GpuCatalog
-from mlwe.core.spec import NodeSpec
+from mlwe.core.spec import ClusterSpec, NodeSpec
 from mlwe.sim.traces.cluster import (
     ClusterArg,
     _catalog_for,
     _cluster_gpus,
     _cluster_of,
     _gpu_node,
-    _override,
 )
 from mlwe.sim.traces.model import PHILLY_GPU, Trace, _RawJob, resolve_traces_dir
 from mlwe.sim.traces.rows import (
+    _choose_cluster,
     _Clamp,
     _finish,
     _gc_paused,
@@ -59,30 +59,11 @@ def load_philly(
     jobs_label, machines_label = "philly/jobs.csv", "philly/machines.csv"
     clamp = _Clamp()
 
-    def parse(row: _Row) -> _RawJob:
-        submit = _wall_clock_utc(row.get("timestamp"), "timestamp")
-        duration = clamp(_non_negative(row.get("duration"), "duration"))
-        gpus = _whole(row.get("num_gpus"), "num_gpus")
-        if gpus <= 0:
-            raise _RowError(f"num_gpus {gpus} is not positive (Philly jobs use GPUs)")
-        vc = row.get("cluster")
-        if not vc:
-            raise _RowError("cluster (virtual cluster) is missing")
-        return _per_gpu_job(
-            f"philly-{row.line}",
-            row.line,
-            submit,
-            duration,
-            gpus,
-            queue=f"vc-{vc}",
-            kind="training",
-        )
-
     raws, skipped = _read_rows(
         _trace_file(root, jobs_label),
         jobs_label,
         ("timestamp", "duration", "num_gpus", "cluster"),
-        parse,
+        lambda row: _philly_job(row, clamp),
         skip_bad_rows=skip_bad_rows,
     )
     vcs = {r.queue for r in raws}
@@ -106,21 +87,14 @@ def load_philly(
         " g the largest divisor of n not above that node size (16 -> 2x8, 12 -> 2x6,"
         " 24 -> 3x8, 128 -> 16x8 on 8-GPU machines)",
     ]
-    if cluster is None:
+    def default() -> tuple[ClusterSpec, list[str]]:
         machines, zero = _philly_machines(root, machines_label, cat)
-        default_cluster = _cluster_of(cat, machines)
-        notes.insert(
-            0,
-            f"cluster = philly/machines.csv: {len(machines)} machines,"
-            f" {_cluster_gpus(default_cluster)} GPUs ({zero} machines with 0 GPUs are CPU-only"
-            " nodes)",
-        )
-        use, overridden = default_cluster, False
-    else:
-        use, extra = _override(cluster, cat, PHILLY_GPU.name)
-        notes[:0] = extra
-        overridden = True
-    notes.append(clamp.note())
+        use = _cluster_of(cat, machines)
+        return use, [f"cluster = philly/machines.csv: {len(machines)} machines,"
+                     f" {_cluster_gpus(use)} GPUs ({zero} machines with 0 GPUs are CPU-only"
+                     " nodes)"]
+
+    use, overridden = _choose_cluster(cluster, cat, PHILLY_GPU.name, notes, default)
     return _finish(
         "philly",
         raws,
@@ -132,8 +106,22 @@ def load_philly(
         skipped=skipped,
         limit=limit,
         skip_bad_rows=skip_bad_rows,
+        clamp=clamp,
         queues=vcs,
     )
+
+
+def _philly_job(row: _Row, clamp: _Clamp) -> _RawJob:
+    submit = _wall_clock_utc(row.get("timestamp"), "timestamp")
+    duration = clamp(_non_negative(row.get("duration"), "duration"))
+    gpus = _whole(row.get("num_gpus"), "num_gpus")
+    if gpus <= 0:
+        raise _RowError(f"num_gpus {gpus} is not positive (Philly jobs use GPUs)")
+    vc = row.get("cluster")
+    if not vc:
+        raise _RowError("cluster (virtual cluster) is missing")
+    return _per_gpu_job(f"philly-{row.line}", row.line, submit, duration, gpus,
+                        queue=f"vc-{vc}", kind="training")
 
 
 def _philly_machines(root: Path, label: str, catalog: GpuCatalog) -> tuple[list[NodeSpec], int]:

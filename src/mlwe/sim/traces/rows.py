@@ -18,7 +18,14 @@ from typing import Any
 
 from mlwe.core.catalog import GpuCatalog
 from mlwe.core.spec import ClusterSpec, WorkloadSpec
-from mlwe.sim.traces.cluster import _cluster_models, _is_pooled, _max_gpus_per_node, _with_queues
+from mlwe.sim.traces.cluster import (
+    ClusterArg,
+    _cluster_models,
+    _is_pooled,
+    _max_gpus_per_node,
+    _override,
+    _with_queues,
+)
 from mlwe.sim.traces.model import (
     JOB_CPU_MILLI_PER_GPU,
     JOB_MEMORY_MIB_PER_GPU,
@@ -343,6 +350,38 @@ def _validate_spec(
         raise _RowError(_validation_message(e)) from None
 
 
+# ------------------------------------------------------------ the skeleton
+# Every loader: parse rows (``_read_rows``), say its assumptions (notes), pick the
+# cluster (the one given, or the trace's own: ``_choose_cluster``), then ``_finish``.
+
+
+def _sized_on(raws: Sequence[_RawJob], limit: int | None) -> list[_RawJob]:
+    """The jobs a replay will use (the first ``limit`` in submit order): what a default
+    cluster is sized on."""
+    ordered = sorted(raws, key=lambda r: (r.submit, r.line))
+    return ordered[:limit] if limit is not None else ordered
+
+
+def _choose_cluster(
+    arg: ClusterArg,
+    catalog: GpuCatalog,
+    default_model: str,
+    notes: list[str],
+    default: Callable[[], tuple[ClusterSpec, list[str]]],
+) -> tuple[ClusterSpec, bool]:
+    """(the cluster to replay on, whether it was given): ``arg`` (a spec or the cluster
+    grammar's text) if given, else the trace's own, ``default()``; what either says about
+    itself goes first in ``notes``."""
+    if arg is None:
+        use, said = default()
+        overridden = False
+    else:
+        use, said = _override(arg, catalog, default_model)
+        overridden = True
+    notes[:0] = said
+    return use, overridden
+
+
 def _finish(
     name: str,
     raws: list[_RawJob],
@@ -355,8 +394,11 @@ def _finish(
     skipped: int,
     limit: int | None,
     skip_bad_rows: bool,
+    clamp: _Clamp | None,
     queues: Iterable[str] = (),
 ) -> Trace:
+    if clamp is not None:  # a trace's own durations (a generator's are what it drew)
+        notes.append(clamp.note())
     pooled = _is_pooled(cluster)
     jobs, bad, dropped = _build_jobs(
         raws,

@@ -14,10 +14,9 @@ from mlwe.sim.traces.cluster import (
     _catalog_for,
     _cluster_gpus,
     _cluster_size,
-    _override,
 )
 from mlwe.sim.traces.model import MIB_PER_GIB, TRACE_CATALOG, Trace, _RawJob
-from mlwe.sim.traces.rows import _finish, _gc_paused
+from mlwe.sim.traces.rows import _choose_cluster, _finish, _gc_paused
 
 # ---------------------------------------------------------------- synthetic
 
@@ -207,18 +206,13 @@ def synthetic_trace(
         "every job has a user estimate = true duration x U[0.8, 1.5]; fine-tune deadlines ="
         " submit + estimate x U[1.2, 2.0]",
     ]
-    if cluster is None:
+    def default() -> tuple[ClusterSpec, list[str]]:
         use = synthetic_cluster(catalog=cat)
-        notes.insert(
-            0,
-            f"cluster = synthetic_cluster(): {_cluster_size(use)} nodes, {_cluster_gpus(use)} GPUs"
-            " (A100-80GB x8, H100-80GB x8, T4 x4 nodes, high-memory CPU nodes)",
-        )
-        overridden = False
-    else:
-        use, extra_notes = _override(cluster, cat, "A100-80GB")
-        notes[:0] = extra_notes
-        overridden = True
+        return use, [f"cluster = synthetic_cluster(): {_cluster_size(use)} nodes,"
+                     f" {_cluster_gpus(use)} GPUs (A100-80GB x8, H100-80GB x8, T4 x4 nodes,"
+                     " high-memory CPU nodes)"]
+
+    use, overridden = _choose_cluster(cluster, cat, "A100-80GB", notes, default)
     return _finish(
         "synthetic",
         raws,
@@ -230,5 +224,6 @@ def synthetic_trace(
         skipped=0,
         limit=None,
         skip_bad_rows=False,
+        clamp=None,
         queues=SYNTHETIC_QUEUES,
     )
