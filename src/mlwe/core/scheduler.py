@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlwe.core.actions import Action, Place, Preempt
 from mlwe.core.capacity import FULL, CapacityIndex, ReplicaAlloc, Shape
@@ -92,6 +93,95 @@ class Plan:
     considered: int = 0
     #: workloads not examined because nothing further could start
     stopped_early: int = 0
+
+
+#: a shape that did not fit this cycle: (shape, replicas, kept off reserved nodes)
+_FitKey = tuple[Shape, int, bool]
+#: a victim search that found nothing: (shape, replicas, priority, queue, kept off)
+_VictimKey = tuple[Shape, int, int, str, bool]
+#: a GPU shape that did not fit: (models, gpu, cpu, ram, replicas, kept off)
+_Dominator = tuple[tuple[str, ...], int, int, int, int, bool]
+
+
+@dataclass(slots=True)
+class _Cycle:
+    """What one cycle decides on and has decided so far (the plan's working state)."""
+
+    cp: ControlPlane
+    plan: Plan
+    cause_id: str | None
+    now: float
+    order: list[Workload]
+    fork: CapacityIndex
+    #: per-queue usage, including what this cycle placed
+    usage: dict[str, list[int]]
+    #: whether the cycle may stop once no GPU is free (see _can_stop_early)
+    can_stop: bool
+    gain_on: bool
+    failed: set[_FitKey] = field(default_factory=set)
+    #: shapes that did not fit this cycle: a larger one of the same models cannot
+    #: fit either (capacity only shrinks within a cycle)
+    dominated: list[_Dominator] = field(default_factory=list)
+    #: workloads already chosen as victims in this cycle
+    taken: set[str] = field(default_factory=set)
+    no_victims: set[_VictimKey] = field(default_factory=set)
+    failed_searches: int = 0
+    gain_searches: int = 0
+    reservation: Reservation | None = None
+    #: the first blocked workload: backfill must not delay it
+    head: Workload | None = None
+    #: whether the head's reservation was projected in this cycle
+    projected: bool = False
+    #: whether something was placed ahead of the head (its cached reservation is stale)
+    dirty: bool = False
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One workload's turn in a cycle."""
+
+    w: Workload
+    rank: int
+    models: tuple[str, ...]
+    shape: Shape
+    #: nodes it must keep off (the head's reservation)
+    exclude: frozenset[str]
+
+    @property
+    def replicas(self) -> int:
+        return self.w.spec.replicas
+
+    def fit_key(self) -> _FitKey:
+        return (self.shape, self.replicas, bool(self.exclude))
+
+
+def _can_stop_early(cp: ControlPlane, order: Sequence[Workload], preemption: bool) -> bool:
+    """Whether the cycle may stop once nothing further can start: all waiting work
+    asks for GPUs, no cohort could reclaim quota, and no preemption is possible
+    (nobody waiting ranks above the lowest holder)."""
+    return (
+        bool(order)
+        and all(w.spec.resources.gpu for w in order)
+        and not any(q.cohort for q in cp.queues.values())
+        and (
+            not preemption
+            or max(w.priority for w in order)
+            <= min(cp.holding_by_priority, default=1 << 62)
+        )
+    )
+
+
+def _dominated(
+    dominated: Sequence[_Dominator], shape: Shape, replicas: int, excluded: bool
+) -> bool:
+    """Whether a shape at least as large, of the same models, already failed to fit
+    (only plain GPU shapes compare: selectors and VRAM asks are not ordered)."""
+    return any(
+        dm == shape.models and dx == excluded and shape.gpu >= dg
+        and shape.cpu >= dc and shape.ram >= dr and replicas >= dn
+        and not shape.selector and not shape.vram
+        for dm, dg, dc, dr, dn, dx in dominated
+    )
 
 
 def _shape_text(shape: Shape, replicas: int, model: str | None) -> str:
@@ -200,212 +290,310 @@ class Scheduler:
         return rem
 
     def plan(self, cp: ControlPlane, cause_id: str | None = None) -> Plan:
+        """One cycle, in phases (after Kueue's ``schedule()``):
+
+        1. prepare: attach the estimator; an empty queue is an empty plan;
+        2. snapshot: order the queue and fork capacity (decide on the fork only);
+        3. each workload in order takes its turn (:meth:`_turn`): wait for its
+           victims, fit (or backfill), preempt by priority, preempt for gain, or
+           record why it waits; a turn may end the cycle;
+        4. hand back the head's reservation with the plan.
+        """
+        # 1. prepare
         plan = Plan(version=cp.version)
         if self.estimator is not None:
             self.estimator.attach(cp)
         queued = cp.queued_workloads()
         if not queued:
             return plan
+        # 2. snapshot
+        cycle = self._snapshot(cp, plan, queued, cause_id)
+        # 3. turns
+        for rank, w in enumerate(cycle.order):
+            if self._turn(cycle, rank, w):
+                break
+        # 4. result
+        plan.reservation = cycle.reservation
+        return plan
+
+    def _snapshot(
+        self, cp: ControlPlane, plan: Plan, queued: list[Workload], cause_id: str | None
+    ) -> _Cycle:
+        """Phase 2: the queue in policy order, a capacity fork and per-queue usage to
+        decide on, and the cycle-wide switches (may the cycle stop early, is gain
+        preemption on)."""
         now = cp.now()
         cfg = self.config
         order = self.ordering.order(queued, cp.queues, self.total_gpu(cp), now)
         fork = cp.capacity.fork()
         usage = {n: list(q.usage) for n, q in cp.queues.items()}
-        failed: set[tuple[Shape, int, bool]] = set()
-        taken: set[str] = set()
-        no_victims: set[tuple[Shape, int, int, str, bool]] = set()
-        failed_searches = 0
-        # the cycle stops once nothing further can start: no free GPU anywhere, no
-        # CPU-only work waiting, and no preemption possible (nobody waiting ranks
-        # above the lowest holder; no cohort that could reclaim quota)
-        can_stop = (
-            bool(order)
-            and all(w.spec.resources.gpu for w in order)
-            and not any(q.cohort for q in cp.queues.values())
-            and (
-                not cfg.preemption
-                or max(w.priority for w in order)
-                <= min(cp.holding_by_priority, default=1 << 62)
+        return _Cycle(
+            cp=cp,
+            plan=plan,
+            cause_id=cause_id,
+            now=now,
+            order=order,
+            fork=fork,
+            usage=usage,
+            can_stop=_can_stop_early(cp, order, cfg.preemption),
+            gain_on=cfg.gain_preemption and cfg.preemption and self.estimator is not None,
+        )
+
+    def _turn(self, cycle: _Cycle, rank: int, w: Workload) -> bool:
+        """Phase 3: one workload's turn; True ends the cycle (nothing further may start).
+
+        a. waiting for its victims to release: keep their room, nothing else;
+        b. no node has a model it accepts: it waits;
+        c. fit (backfilling past the blocked head) and admit within quota;
+        d. nothing fits and nothing further can start: stop early;
+        e. preempt by priority, then among equals for gain;
+        f. otherwise it waits, and may become the blocked head.
+        """
+        cycle.plan.considered += 1
+        # a. victims still releasing
+        if self._waits_for_victims(cycle, w):
+            return False
+        # b. no acceptable hardware at all
+        models, shape = self.shape_for(cycle.cp, w)
+        if w.spec.resources.gpu and not models:
+            cycle.plan.pending[w.id] = "no node in the cluster has a GPU model it accepts"
+            return False
+        turn = _Turn(w, rank, models, shape, self._reserved_for_others(cycle, w))
+        # c. fit, then admit (or wait on quota)
+        allocs = self._try_fit(cycle, turn)
+        if allocs is not None:
+            self._admit(cycle, turn, allocs)
+            return False
+        # d. early stop
+        if self._nothing_more_can_start(cycle):
+            self._stop_early(cycle, turn)
+            return True
+        # e. preemption
+        if self.config.preemption and cycle.head is not None and not cycle.projected:
+            # preempting past the blocked head must respect its reservation too
+            self._project_head(cycle, turn)
+        if self._preempt_by_priority(cycle, turn) or self._preempt_for_gain(cycle, turn):
+            return False
+        # f. wait
+        return self._wait(cycle, turn)
+
+    def _waits_for_victims(self, cycle: _Cycle, w: Workload) -> bool:
+        """Phase 3a: a preemptor whose victims still checkpoint keeps the room it
+        planned (in the fork) and waits; True if so."""
+        if not w.victims:
+            return False
+        cp = cycle.cp
+        live = [v for v in w.victims if cp.workloads[v].state is State.PREEMPTING]
+        if not live:
+            return False
+        cycle.plan.pending[w.id] = (
+            f"waiting for {len(live)} victim(s) to release: {', '.join(live)}"
+        )
+        _hold(cycle.fork, self._nominated.get(w.id, ()), cp, live)
+        return True
+
+    def _reserved_for_others(self, cycle: _Cycle, w: Workload) -> frozenset[str]:
+        """The nodes ``w`` must keep off: the head's reserved nodes, unless ``w`` is
+        expected to finish before the head's reserved start (EASY backfill)."""
+        res = cycle.reservation
+        if res is not None and not self._ends_before(w, cycle.now, res.start):
+            return res.nodes
+        return frozenset()
+
+    def _project_head(self, cycle: _Cycle, turn: _Turn) -> None:
+        """Project the blocked head's reservation, once per cycle and only when some
+        later workload could pass it (the projection is costly); the current
+        workload then keeps off the reserved nodes unless it ends before."""
+        head = cycle.head
+        assert head is not None
+        cycle.reservation = self._reserve(cycle.cp, head, cycle.fork, cycle.now, cycle.dirty)
+        cycle.projected = True
+        if cycle.reservation is not None:
+            nodes = ", ".join(sorted(cycle.reservation.nodes))
+            cycle.plan.pending[head.id] += f"; holds a reservation on {nodes}"
+            turn.exclude = self._reserved_for_others(cycle, turn.w)
+
+    def _try_fit(self, cycle: _Cycle, turn: _Turn) -> tuple[ReplicaAlloc, ...] | None:
+        """Phase 3c: a placement on the fork, or None. Shapes known not to fit this
+        cycle (or dominated by one that did not) are not searched again; the first
+        workload that could pass the blocked head triggers the head's reservation
+        and is placed again with it in force."""
+        key = turn.fit_key()
+        if (
+            key not in cycle.failed
+            and cycle.dominated
+            and turn.shape.gpu
+            and _dominated(cycle.dominated, turn.shape, turn.replicas, bool(turn.exclude))
+        ):
+            cycle.failed.add(key)
+        if key in cycle.failed:
+            return None
+        fork = cycle.fork
+        allocs = self.placement.place(fork, turn.shape, turn.replicas, turn.exclude)
+        if allocs is not None and cycle.head is not None and not cycle.projected:
+            # the first workload that could pass the blocked head: only now is
+            # the head's reservation worth projecting (EASY backfill)
+            for a in reversed(allocs):
+                fork.release(a)
+            self._project_head(cycle, turn)
+            key = turn.fit_key()
+            allocs = self.placement.place(fork, turn.shape, turn.replicas, turn.exclude)
+        if allocs is None:
+            cycle.failed.add(key)
+            shape = turn.shape
+            if shape.gpu and not shape.selector and not shape.vram:
+                cycle.dominated.append(
+                    (shape.models, shape.gpu, shape.cpu, shape.ram, turn.replicas,
+                     bool(turn.exclude))
+                )
+        return allocs
+
+    def _admit(self, cycle: _Cycle, turn: _Turn, allocs: tuple[ReplicaAlloc, ...]) -> None:
+        """Phase 3c: place ``allocs`` if the queue's quota allows (counting what this
+        cycle already placed); otherwise give them back and wait on the quota."""
+        w, fork, plan = turn.w, cycle.fork, cycle.plan
+        req = _sum(allocs)
+        qreasons, borrowing = quota_verdict(cycle.cp.queues, cycle.usage, w.queue, req)
+        if qreasons:
+            for a in reversed(allocs):
+                fork.release(a)
+            plan.pending[w.id] = qreasons[0]
+            return
+        for i in range(4):
+            cycle.usage[w.queue][i] += req[i]
+        plan.actions.append(Place(w.id, allocs))
+        self._nominated.pop(w.id, None)
+        plan.decisions.append(
+            self._place_record(
+                cycle.cp, w, turn.shape, allocs, turn.rank, len(cycle.order), cycle.now,
+                borrowing, cycle.reservation, cycle.cause_id,
             )
         )
-        # shapes that did not fit this cycle: a larger one of the same models cannot
-        # fit either (capacity only shrinks within a cycle)
-        dominated: list[tuple[tuple[str, ...], int, int, int, int, bool]] = []
-        gain_on = cfg.gain_preemption and cfg.preemption and self.estimator is not None
-        gain_searches = 0
-        reservation: Reservation | None = None
-        head: Workload | None = None  # the first blocked workload: backfill must not delay it
-        projected = False
-        dirty = False
-        n = len(order)
-        for rank, w in enumerate(order):
-            plan.considered += 1
-            if w.victims:
-                live = [v for v in w.victims if cp.workloads[v].state is State.PREEMPTING]
-                if live:
-                    plan.pending[w.id] = (
-                        f"waiting for {len(live)} victim(s) to release: {', '.join(live)}"
-                    )
-                    _hold(fork, self._nominated.get(w.id, ()), cp, live)
-                    continue
-            models, shape = self.shape_for(cp, w)
-            if w.spec.resources.gpu and not models:
-                plan.pending[w.id] = "no node in the cluster has a GPU model it accepts"
-                continue
-            replicas = w.spec.replicas
-            exclude: frozenset[str] = frozenset()
-            if reservation is not None and not self._ends_before(w, now, reservation.start):
-                exclude = reservation.nodes
-            key = (shape, replicas, bool(exclude))
-            allocs = None
-            if key not in failed and dominated and shape.gpu:
-                for dm, dg, dc, dr, dn, dx in dominated:
-                    if (
-                        dm == shape.models and dx == bool(exclude) and shape.gpu >= dg
-                        and shape.cpu >= dc and shape.ram >= dr and replicas >= dn
-                        and not shape.selector and not shape.vram
-                    ):
-                        failed.add(key)
-                        break
-            if key not in failed:
-                allocs = self.placement.place(fork, shape, replicas, exclude)
-                if allocs is not None and head is not None and not projected:
-                    # the first workload that could pass the blocked head: only now is
-                    # the head's reservation worth projecting (EASY backfill)
-                    for a in reversed(allocs):
-                        fork.release(a)
-                    reservation = self._reserve(cp, head, fork, now, dirty)
-                    projected = True
-                    if reservation is not None:
-                        nodes = ", ".join(sorted(reservation.nodes))
-                        plan.pending[head.id] += f"; holds a reservation on {nodes}"
-                        if not self._ends_before(w, now, reservation.start):
-                            exclude = reservation.nodes
-                    key = (shape, replicas, bool(exclude))
-                    allocs = self.placement.place(fork, shape, replicas, exclude)
-                if allocs is None:
-                    failed.add(key)
-                    if shape.gpu and not shape.selector and not shape.vram:
-                        dominated.append(
-                            (shape.models, shape.gpu, shape.cpu, shape.ram, replicas,
-                             bool(exclude))
-                        )
-            if allocs is not None:
-                req = _sum(allocs)
-                qreasons, borrowing = quota_verdict(cp.queues, usage, w.queue, req)
-                if qreasons:
-                    for a in reversed(allocs):
-                        fork.release(a)
-                    plan.pending[w.id] = qreasons[0]
-                    continue
-                for i in range(4):
-                    usage[w.queue][i] += req[i]
-                plan.actions.append(Place(w.id, allocs))
-                self._nominated.pop(w.id, None)
-                plan.decisions.append(
-                    self._place_record(
-                        cp, w, shape, allocs, rank, n, now, borrowing, reservation, cause_id
-                    )
-                )
-                continue
-            # it does not fit now: preempt, or wait (and maybe hold a reservation)
-            if (
-                can_stop
-                and (not gain_on or gain_searches >= cfg.max_gain_searches)
-                and not fork.has_free_gpu()
-            ):
-                plan.pending[w.id] = self._why_waiting(w, shape, models, exclude, reservation)
-                for rest in order[rank + 1 :]:
-                    if not rest.pending_reason:
-                        plan.pending[rest.id] = "no room: no free GPU in the cluster"
-                plan.stopped_early = n - rank - 1
-                break
-            if cfg.preemption and head is not None and not projected:
-                # preempting past the blocked head must respect its reservation too
-                reservation = self._reserve(cp, head, fork, now, dirty)
-                projected = True
-                if reservation is not None:
-                    nodes = ", ".join(sorted(reservation.nodes))
-                    plan.pending[head.id] += f"; holds a reservation on {nodes}"
-                    if not self._ends_before(w, now, reservation.start):
-                        exclude = reservation.nodes
-            pkey = (shape, replicas, w.priority, w.queue, bool(exclude))
-            if (
-                cfg.preemption
-                and pkey not in no_victims
-                and failed_searches < cfg.max_failed_preemption_searches
-            ):
-                # a workload ranked after the blocked head may not preempt its way onto
-                # the head's reserved nodes either: backfill rules bind preemption too
-                choice = self.preemption.select(cp, fork, w, shape, taken, exclude)
-                if choice is None:
-                    no_victims.add(pkey)
-                    failed_searches += 1
-                else:
-                    qreasons, _ = quota_verdict(cp.queues, usage, w.queue, _sum(choice.allocs))
-                    reclaim = any(why.value == "reclaim" for _, why in choice.victims)
-                    if not qreasons or reclaim:
-                        for v, why in choice.victims:
-                            plan.actions.append(Preempt(v.id, w.id, why))
-                            taken.add(v.id)
-                        planned = frozenset(a.node for a in choice.allocs)
-                        self._nominated[w.id] = planned
-                        _hold(fork, planned, cp, [v.id for v, _ in choice.victims])
-                        plan.decisions.append(
-                            DecisionRecord(
-                                kind="preempt",
-                                workload=w.id,
-                                policy=f"{self.name}/{self.preemption.name}",
-                                chosen="evict " + ", ".join(v.id for v, _ in choice.victims),
-                                reasons=tuple(describe_choice(w, choice, cp)),
-                                candidates=choice.alternatives,
-                                inputs_digest=digest(cp.version, w.id, shape, sorted(taken)),
-                                cause_id=cause_id,
-                            )
-                        )
-                        plan.pending[w.id] = (
-                            f"preempting {len(choice.victims)} workload(s); placed once released"
-                        )
-                        continue
-            if gain_on and gain_searches < cfg.max_gain_searches:
-                gain_searches += 1
-                got = self._gain_choice(cp, fork, w, shape, taken, exclude, now)
-                if got is not None:
-                    choice, gain, cost, why_gain = got
-                    for v, why in choice.victims:
-                        plan.actions.append(Preempt(v.id, w.id, why))
-                        taken.add(v.id)
-                    planned = frozenset(a.node for a in choice.allocs)
-                    self._nominated[w.id] = planned
-                    _hold(fork, planned, cp, [v.id for v, _ in choice.victims])
-                    plan.decisions.append(
-                        DecisionRecord(
-                            kind="preempt",
-                            workload=w.id,
-                            policy=f"{self.name}/{self.preemption.name}+gain",
-                            chosen="evict " + ", ".join(v.id for v, _ in choice.victims),
-                            reasons=(why_gain, *describe_choice(w, choice, cp)),
-                            candidates=choice.alternatives,
-                            inputs_digest=digest(cp.version, w.id, shape, sorted(taken)),
-                            cause_id=cause_id,
-                            extra={"gain_gpu_s": round(gain, 3), "cost_gpu_s": round(cost, 3)},
-                        )
-                    )
-                    plan.pending[w.id] = (
-                        f"preempting {len(choice.victims)} equal-priority workload(s) for a"
-                        " shorter expected run; placed once released"
-                    )
-                    continue
-            plan.pending[w.id] = self._why_waiting(w, shape, models, exclude, reservation)
-            if cfg.strict_order:
-                for rest in order[rank + 1 :]:
-                    plan.pending[rest.id] = f"strict order: waits behind {w.id}"
-                break
-            if cfg.backfill and head is None:
-                head = w
-                dirty = bool(plan.actions)
-        plan.reservation = reservation
-        return plan
+
+    def _nothing_more_can_start(self, cycle: _Cycle) -> bool:
+        """Phase 3d: whether the rest of the queue can be skipped: stopping is allowed
+        (see :func:`_can_stop_early`), no gain search is left, no GPU is free."""
+        cfg = self.config
+        return (
+            cycle.can_stop
+            and (not cycle.gain_on or cycle.gain_searches >= cfg.max_gain_searches)
+            and not cycle.fork.has_free_gpu()
+        )
+
+    def _stop_early(self, cycle: _Cycle, turn: _Turn) -> None:
+        """Phase 3d: this workload waits for room; the rest wait for a free GPU
+        (unless they already carry a reason) and are counted as not examined."""
+        plan = cycle.plan
+        plan.pending[turn.w.id] = self._why_waiting(
+            turn.w, turn.shape, turn.models, turn.exclude, cycle.reservation
+        )
+        for rest in cycle.order[turn.rank + 1 :]:
+            if not rest.pending_reason:
+                plan.pending[rest.id] = "no room: no free GPU in the cluster"
+        plan.stopped_early = len(cycle.order) - turn.rank - 1
+
+    def _preempt_by_priority(self, cycle: _Cycle, turn: _Turn) -> bool:
+        """Phase 3e: evict lower-priority (or quota-borrowing) work for ``w``; True if
+        a victim set was chosen. Searches that found nothing are remembered per
+        shape and bounded per cycle; a set the quota forbids is dropped unless it
+        reclaims lent quota."""
+        cfg = self.config
+        w, shape = turn.w, turn.shape
+        pkey = (shape, turn.replicas, w.priority, w.queue, bool(turn.exclude))
+        if (
+            not cfg.preemption
+            or pkey in cycle.no_victims
+            or cycle.failed_searches >= cfg.max_failed_preemption_searches
+        ):
+            return False
+        # a workload ranked after the blocked head may not preempt its way onto
+        # the head's reserved nodes either: backfill rules bind preemption too
+        cp = cycle.cp
+        choice = self.preemption.select(cp, cycle.fork, w, shape, cycle.taken, turn.exclude)
+        if choice is None:
+            cycle.no_victims.add(pkey)
+            cycle.failed_searches += 1
+            return False
+        qreasons, _ = quota_verdict(cp.queues, cycle.usage, w.queue, _sum(choice.allocs))
+        reclaim = any(why.value == "reclaim" for _, why in choice.victims)
+        if qreasons and not reclaim:
+            return False
+        self._evict_for(
+            cycle, turn, choice, f"{self.name}/{self.preemption.name}", (),
+            f"preempting {len(choice.victims)} workload(s); placed once released",
+        )
+        return True
+
+    def _preempt_for_gain(self, cycle: _Cycle, turn: _Turn) -> bool:
+        """Phase 3e: evict equal-priority work expected to run much longer (see
+        :meth:`_gain_choice`); bounded per cycle. True if a victim set was chosen."""
+        if not cycle.gain_on or cycle.gain_searches >= self.config.max_gain_searches:
+            return False
+        cycle.gain_searches += 1
+        got = self._gain_choice(
+            cycle.cp, cycle.fork, turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now
+        )
+        if got is None:
+            return False
+        choice, gain, cost, why_gain = got
+        self._evict_for(
+            cycle, turn, choice, f"{self.name}/{self.preemption.name}+gain", (why_gain,),
+            f"preempting {len(choice.victims)} equal-priority workload(s) for a"
+            " shorter expected run; placed once released",
+            extra={"gain_gpu_s": round(gain, 3), "cost_gpu_s": round(cost, 3)},
+        )
+        return True
+
+    def _evict_for(
+        self,
+        cycle: _Cycle,
+        turn: _Turn,
+        choice: VictimChoice,
+        policy: str,
+        lead: tuple[str, ...],
+        pending: str,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Phase 3e: commit a victim set: Preempt actions, the nodes nominated for
+        ``w``, their room held in the fork, the decision record, the wait reason."""
+        cp, plan, w = cycle.cp, cycle.plan, turn.w
+        for v, why in choice.victims:
+            plan.actions.append(Preempt(v.id, w.id, why))
+            cycle.taken.add(v.id)
+        planned = frozenset(a.node for a in choice.allocs)
+        self._nominated[w.id] = planned
+        _hold(cycle.fork, planned, cp, [v.id for v, _ in choice.victims])
+        plan.decisions.append(
+            DecisionRecord(
+                kind="preempt",
+                workload=w.id,
+                policy=policy,
+                chosen="evict " + ", ".join(v.id for v, _ in choice.victims),
+                reasons=(*lead, *describe_choice(w, choice, cp)),
+                candidates=choice.alternatives,
+                inputs_digest=digest(cp.version, w.id, turn.shape, sorted(cycle.taken)),
+                cause_id=cycle.cause_id,
+                extra=extra if extra is not None else {},
+            )
+        )
+        plan.pending[w.id] = pending
+
+    def _wait(self, cycle: _Cycle, turn: _Turn) -> bool:
+        """Phase 3f: record why ``w`` waits; under strict order everything after it
+        waits behind it (True: the cycle ends); with backfill the first workload
+        that waits becomes the head whose reservation later ones must respect."""
+        cfg, plan, w = self.config, cycle.plan, turn.w
+        plan.pending[w.id] = self._why_waiting(
+            w, turn.shape, turn.models, turn.exclude, cycle.reservation
+        )
+        if cfg.strict_order:
+            for rest in cycle.order[turn.rank + 1 :]:
+                plan.pending[rest.id] = f"strict order: waits behind {w.id}"
+            return True
+        if cfg.backfill and cycle.head is None:
+            cycle.head = w
+            cycle.dirty = bool(plan.actions)
+        return False
 
     def _reserve(
         self, cp: ControlPlane, w: Workload, fork: CapacityIndex, now: float, dirty: bool
