@@ -50,6 +50,7 @@ from mlwe.core.resources import Resources
 from mlwe.core.rules import (
     frees_what_is_needed,
     gain_violations,
+    placement_violations,
     preemptible,
     quota_verdict,
     reclaim_violations,
@@ -553,82 +554,10 @@ class ControlPlane:
             live = [v for v in w.victims if self.workloads[v].state is State.PREEMPTING]
             if live:
                 return [f"{w.id} waits for its victims to release: {', '.join(live)}"]
-        spec = w.spec
-        replicas = a.replicas
-        if not isinstance(replicas, tuple) or len(replicas) != spec.replicas:
-            n = len(replicas) if isinstance(replicas, tuple) else "?"
-            return [f"gang incomplete: {n} replica placements for {spec.replicas} replicas"]
-        want = spec.resources
-        for k, r in enumerate(replicas):
-            if not isinstance(r, ReplicaAlloc) or not isinstance(r.res, Resources):
-                reasons.append(f"replica {k}: not a replica allocation")
-                continue
-            if r.node not in self.capacity:
-                reasons.append(f"replica {k}: unknown node {r.node!r}")
-                continue
-            info = self.capacity.info(r.node)
-            st = self.capacity.status(r.node)
-            if st is not NodeStatus.READY:
-                reasons.append(f"replica {k}: node {r.node} is {st.value}")
-            neg = r.res.negative()
-            if neg or r.gpu_per_device < 0:
-                reasons.append(f"replica {k}: negative quantities ({', '.join(neg) or 'gpu'})")
-                continue
-            if r.res.gpu != want.gpu or r.res.cpu != want.cpu or r.res.ram != want.memory:
-                reasons.append(
-                    f"replica {k}: allocation {r.res} does not match the request"
-                    f" (gpu={want.gpu}, cpu={want.cpu}, ram={want.memory})"
-                )
-            if spec.node_selector and any(
-                info.labels.get(key) != val for key, val in spec.node_selector.items()
-            ):
-                reasons.append(f"replica {k}: node {r.node} does not match node_selector")
-            if want.gpu:
-                if info.gpu_model is None:
-                    reasons.append(f"replica {k}: node {r.node} has no GPU")
-                    continue
-                if spec.gpu_models and info.gpu_model not in spec.gpu_models:
-                    reasons.append(
-                        f"replica {k}: {info.gpu_model} on {r.node} is not among accepted models"
-                        f" {', '.join(spec.gpu_models)}"
-                    )
-                if info.vram_per_gpu < spec.min_vram_per_gpu:
-                    reasons.append(
-                        f"replica {k}: {info.gpu_model} has {info.vram_per_gpu} MiB VRAM per GPU,"
-                        f" {spec.min_vram_per_gpu} MiB required"
-                    )
-                devices = max(1, want.gpu // FULL)
-                expect_vram = (
-                    want.vram
-                    if want.vram is not None
-                    else (
-                        devices * info.vram_per_gpu
-                        if want.gpu >= FULL
-                        else want.gpu * info.vram_per_gpu // FULL
-                    )
-                )
-                if r.res.vram != expect_vram:
-                    reasons.append(
-                        f"replica {k}: VRAM {r.res.vram} MiB allocated, {expect_vram} MiB expected"
-                    )
-                if want.gpu < FULL and len(r.devices) != 1:
-                    reasons.append(f"replica {k}: a fractional GPU lives on exactly one device")
-                if r.gpu_per_device != (FULL if want.gpu >= FULL else want.gpu):
-                    reasons.append(
-                        f"replica {k}: {r.gpu_per_device} milli per device; whole GPUs are"
-                        " whole devices, a fraction is the fraction asked"
-                    )
-                if r.res.vram > info.vram_per_gpu * len(r.devices):
-                    reasons.append(f"replica {k}: VRAM larger than its devices hold")
-            elif r.devices or r.res.vram:
-                reasons.append(f"replica {k}: GPU devices or VRAM given to a CPU-only workload")
-        if spec.gang is not None and not reasons:
-            counts: dict[str, int] = {}
-            for r in replicas:
-                counts[r.node] = counts.get(r.node, 0) + 1
-            reasons += [f"gang shape: {p}" for p in spec.gang.per_node_problems(counts)]
+        reasons = placement_violations(w.spec, a.replicas, self.capacity)
         if reasons:
             return reasons
+        replicas = a.replicas
         # capacity: check replica by replica on the live index (earlier replicas of this
         # batch are already allocated, so two replicas can never share the same space)
         probed: list[ReplicaAlloc] = []

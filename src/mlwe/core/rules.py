@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from mlwe.core.capacity import CapacityIndex
+from mlwe.core.capacity import FULL, CapacityIndex, NodeInfo, ReplicaAlloc
 from mlwe.core.model import Queue, Workload
-from mlwe.core.resources import UNLIMITED
+from mlwe.core.resources import UNLIMITED, Resources
+from mlwe.core.spec import NodeStatus, WorkloadSpec
 
 _NAMES = ("gpu", "vram", "cpu", "ram")
 
@@ -56,6 +57,111 @@ def quota_verdict(
                 f" nominal {cohort_nominal}"
             )
     return reasons, not reasons
+
+
+def placement_violations(
+    spec: WorkloadSpec, replicas: object, capacity: CapacityIndex
+) -> list[str]:
+    """Why ``replicas`` is not a valid placement of ``spec`` (empty: it is), before
+    free capacity and quota are counted: one allocation per replica, each on a
+    known, ready node that matches the request (see :func:`replica_violations`),
+    and, for a gang, the replicas per node its shape allows.
+
+    Reads ``capacity`` only for the nodes' static description and status; free
+    room is the caller's check (it depends on what the batch has placed so far).
+    ``replicas`` may be anything: a malformed placement is a reason, not a crash.
+    """
+    if not isinstance(replicas, tuple) or len(replicas) != spec.replicas:
+        n = len(replicas) if isinstance(replicas, tuple) else "?"
+        return [f"gang incomplete: {n} replica placements for {spec.replicas} replicas"]
+    reasons: list[str] = []
+    for k, r in enumerate(replicas):
+        if not isinstance(r, ReplicaAlloc) or not isinstance(r.res, Resources):
+            reasons.append(f"replica {k}: not a replica allocation")
+            continue
+        if r.node not in capacity:
+            reasons.append(f"replica {k}: unknown node {r.node!r}")
+            continue
+        problems = replica_violations(r, spec, capacity.info(r.node), capacity.status(r.node))
+        reasons += [f"replica {k}: {p}" for p in problems]
+    if spec.gang is not None and not reasons:
+        counts: dict[str, int] = {}
+        for r in replicas:
+            counts[r.node] = counts.get(r.node, 0) + 1
+        reasons += [f"gang shape: {p}" for p in spec.gang.per_node_problems(counts)]
+    return reasons
+
+
+def replica_violations(
+    r: ReplicaAlloc, spec: WorkloadSpec, info: NodeInfo, status: NodeStatus
+) -> list[str]:
+    """Why allocation ``r`` cannot hold one replica of ``spec`` on the node ``info``
+    describes, in state ``status`` (empty: it can): the node is ready, quantities
+    are not negative, the allocation is exactly the request, the node matches the
+    selector, and GPU work gets an accepted model with enough VRAM on the right
+    devices (CPU-only work gets no devices and no VRAM)."""
+    reasons = []
+    want = spec.resources
+    if status is not NodeStatus.READY:
+        reasons.append(f"node {r.node} is {status.value}")
+    neg = r.res.negative()
+    if neg or r.gpu_per_device < 0:
+        reasons.append(f"negative quantities ({', '.join(neg) or 'gpu'})")
+        return reasons
+    if r.res.gpu != want.gpu or r.res.cpu != want.cpu or r.res.ram != want.memory:
+        reasons.append(
+            f"allocation {r.res} does not match the request"
+            f" (gpu={want.gpu}, cpu={want.cpu}, ram={want.memory})"
+        )
+    if spec.node_selector and any(
+        info.labels.get(key) != val for key, val in spec.node_selector.items()
+    ):
+        reasons.append(f"node {r.node} does not match node_selector")
+    if want.gpu:
+        reasons += _gpu_violations(r, spec, info)
+    elif r.devices or r.res.vram:
+        reasons.append("GPU devices or VRAM given to a CPU-only workload")
+    return reasons
+
+
+def _gpu_violations(r: ReplicaAlloc, spec: WorkloadSpec, info: NodeInfo) -> list[str]:
+    """The GPU half of :func:`replica_violations` (``spec`` asks for GPUs)."""
+    want = spec.resources
+    if info.gpu_model is None:
+        return [f"node {r.node} has no GPU"]
+    reasons = []
+    if spec.gpu_models and info.gpu_model not in spec.gpu_models:
+        reasons.append(
+            f"{info.gpu_model} on {r.node} is not among accepted models"
+            f" {', '.join(spec.gpu_models)}"
+        )
+    if info.vram_per_gpu < spec.min_vram_per_gpu:
+        reasons.append(
+            f"{info.gpu_model} has {info.vram_per_gpu} MiB VRAM per GPU,"
+            f" {spec.min_vram_per_gpu} MiB required"
+        )
+    devices = max(1, want.gpu // FULL)
+    expect_vram = (
+        want.vram
+        if want.vram is not None
+        else (
+            devices * info.vram_per_gpu
+            if want.gpu >= FULL
+            else want.gpu * info.vram_per_gpu // FULL
+        )
+    )
+    if r.res.vram != expect_vram:
+        reasons.append(f"VRAM {r.res.vram} MiB allocated, {expect_vram} MiB expected")
+    if want.gpu < FULL and len(r.devices) != 1:
+        reasons.append("a fractional GPU lives on exactly one device")
+    if r.gpu_per_device != (FULL if want.gpu >= FULL else want.gpu):
+        reasons.append(
+            f"{r.gpu_per_device} milli per device; whole GPUs are"
+            " whole devices, a fraction is the fraction asked"
+        )
+    if r.res.vram > info.vram_per_gpu * len(r.devices):
+        reasons.append("VRAM larger than its devices hold")
+    return reasons
 
 
 def reclaim_violations(queues: Mapping[str, Queue], p: Workload, v: Workload) -> list[str]:
