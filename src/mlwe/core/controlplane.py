@@ -283,6 +283,38 @@ class ControlPlane:
         idempotency key; a second batch with the same key is acknowledged and
         has no effect. ``decisions`` are recorded only if the batch applies.
         """
+        early = self._screen(actions, expected_version, cause_id, event_id)
+        if early is not None:
+            return early
+        txn = _Txn()
+        rejections = self._verify(txn, actions, cause_id)
+        if rejections:
+            txn.rollback()
+            self._record_rejections(rejections, cause_id)
+            return ApplyResult(False, self.version, rejections)
+        if self.check_invariants:
+            problems = self._check_touched(txn)
+            if problems:
+                txn.rollback()
+                raise InvariantViolation("; ".join(problems[:20]))
+        if not txn.undo and not txn.touched_nodes:
+            # only acknowledged no-ops (stale or repeated facts): nothing changed, so
+            # plans decided on this version stay valid
+            if event_id is not None:
+                self._remember_event(event_id)
+            return ApplyResult(True, self.version, (), False, tuple(txn.ignored))
+        return self._commit(txn, actions, event_id, cause_id, decisions)
+
+    def _screen(
+        self,
+        actions: Sequence[Action],
+        expected_version: int | None,
+        cause_id: str | None,
+        event_id: str | None,
+    ) -> ApplyResult | None:
+        """The answer for a batch that needs no verification (None: verify it): a
+        repeated event id, a stale version, an empty batch, a node addition that
+        shares its batch (it cannot be rolled back)."""
         if event_id is not None and event_id in self._events:
             return ApplyResult(True, self.version, duplicate=True)
         if expected_version is not None and expected_version != self.version:
@@ -305,7 +337,13 @@ class ControlPlane:
             )
             self._record_rejections(lone, cause_id)
             return ApplyResult(False, self.version, lone)
-        txn = _Txn()
+        return None
+
+    def _verify(
+        self, txn: _Txn, actions: Sequence[Action], cause_id: str | None
+    ) -> tuple[Rejection, ...]:
+        """Verify and apply each action in ``txn`` against the state the earlier ones
+        leave; every action's reasons are collected (the caller rolls back)."""
         rejections: list[Rejection] = []
         for i, action in enumerate(actions):
             try:
@@ -322,21 +360,19 @@ class ControlPlane:
                         tuple(reasons),
                     )
                 )
-        if rejections:
-            txn.rollback()
-            self._record_rejections(tuple(rejections), cause_id)
-            return ApplyResult(False, self.version, tuple(rejections))
-        if self.check_invariants:
-            problems = self._check_touched(txn)
-            if problems:
-                txn.rollback()
-                raise InvariantViolation("; ".join(problems[:20]))
-        if not txn.undo and not txn.touched_nodes:
-            # only acknowledged no-ops (stale or repeated facts): nothing changed, so
-            # plans decided on this version stay valid
-            if event_id is not None:
-                self._remember_event(event_id)
-            return ApplyResult(True, self.version, (), False, tuple(txn.ignored))
+        return tuple(rejections)
+
+    def _commit(
+        self,
+        txn: _Txn,
+        actions: Sequence[Action],
+        event_id: str | None,
+        cause_id: str | None,
+        decisions: Iterable[DecisionRecord],
+    ) -> ApplyResult:
+        """Make a verified batch that changed something count: bump the version,
+        remember the event id (and the savepoint's undo), tell the listeners,
+        count the actions, record the decisions."""
         self.version += 1
         if event_id is not None:
             self._remember_event(event_id)
@@ -647,6 +683,8 @@ class ControlPlane:
     def _fact(
         self, txn: _Txn, a: Started | Progress | Released | Exited, cause_id: str | None
     ) -> list[str]:
+        """A backend's report: facts about an earlier attempt are acknowledged and
+        ignored; the rest go to the handler of their kind."""
         w, reasons = self._workload(a.workload)
         if w is None:
             return reasons
@@ -656,65 +694,86 @@ class ControlPlane:
             return []
         now = self.clock.now()
         if isinstance(a, Started):
-            if w.state is State.RUNNING:
-                txn.ignored.append(f"started {w.id}: already running")
-                return []
-            if w.state is not State.STARTING:
-                return [
-                    f"{w.id} is {w.state.value}; 'started' is only expected while starting"
-                    f" ({_trail(w)})"
-                ]
-            err = self._transition(txn, w, State.RUNNING, "backend reports running", cause_id)
-            if err:
-                return [err]
-            self._set(txn, w, "started_at", now)
-            self._set(txn, w, "run_base_work", w.work_done)
-            self._set(txn, w, "last_checkpoint_at", None)
-            return []
+            return self._started(txn, w, now, cause_id)
         if isinstance(a, Progress):
-            if not 0.0 <= a.progress <= 1.0:
-                return [f"progress {a.progress!r} outside [0, 1]"]
-            if w.state not in (State.RUNNING, State.PREEMPTING):
-                return [f"{w.id} is {w.state.value}; progress is only reported while running"]
-            self._set(
-                txn,
-                w,
-                "progress",
-                max(w.progress, a.progress) if not a.checkpointed else a.progress,
-            )
-            if a.checkpointed:
-                self._set(txn, w, "last_checkpoint_at", now)
-                est = w.spec.estimated_duration
-                if est:
-                    self._set(txn, w, "work_done", a.progress * est)
-            return []
+            return self._progress(txn, w, a, now)
         if isinstance(a, Released):
-            ckpt = a.checkpointed_progress
-            if ckpt is not None and not 0.0 <= ckpt <= 1.0:
-                return [f"checkpointed progress {ckpt!r} outside [0, 1]"]
-            work = a.checkpointed_work_s
-            if work is not None and not (isinstance(work, (int, float)) and 0.0 <= work < math.inf):
-                return [f"checkpointed work {work!r} is not a finite number of seconds >= 0"]
-            if w.state is State.PREEMPTING:
-                target = State.PREEMPTED
-            elif w.state is State.STOPPING:
-                target = State.CANCELLED
-            elif w.state in (State.PREEMPTED, State.CANCELLED):
-                txn.ignored.append(f"released {w.id}: already released")
-                return []
-            else:
-                return [
-                    f"{w.id} is {w.state.value}; release is only confirmed after a stop request"
-                    f" ({_trail(w)})"
-                ]
-            self._account_lost_work(txn, w, now, a.checkpointed_progress, work)
-            err = self._transition(txn, w, target, "backend confirmed release", cause_id)
-            if err:
-                return [err]
-            self._free(txn, w)
-            self._set(txn, w, "started_at", None)
+            return self._released(txn, w, a, now, cause_id)
+        return self._exited(txn, w, a, now, cause_id)
+
+    def _started(self, txn: _Txn, w: Workload, now: float, cause_id: str | None) -> list[str]:
+        """The backend runs ``w``: STARTING -> RUNNING (a repeat is acknowledged)."""
+        if w.state is State.RUNNING:
+            txn.ignored.append(f"started {w.id}: already running")
             return []
-        # Exited
+        if w.state is not State.STARTING:
+            return [
+                f"{w.id} is {w.state.value}; 'started' is only expected while starting"
+                f" ({_trail(w)})"
+            ]
+        err = self._transition(txn, w, State.RUNNING, "backend reports running", cause_id)
+        if err:
+            return [err]
+        self._set(txn, w, "started_at", now)
+        self._set(txn, w, "run_base_work", w.work_done)
+        self._set(txn, w, "last_checkpoint_at", None)
+        return []
+
+    def _progress(self, txn: _Txn, w: Workload, a: Progress, now: float) -> list[str]:
+        """Progress of a running workload; a checkpoint also saves the work done."""
+        if not 0.0 <= a.progress <= 1.0:
+            return [f"progress {a.progress!r} outside [0, 1]"]
+        if w.state not in (State.RUNNING, State.PREEMPTING):
+            return [f"{w.id} is {w.state.value}; progress is only reported while running"]
+        self._set(
+            txn,
+            w,
+            "progress",
+            max(w.progress, a.progress) if not a.checkpointed else a.progress,
+        )
+        if a.checkpointed:
+            self._set(txn, w, "last_checkpoint_at", now)
+            est = w.spec.estimated_duration
+            if est:
+                self._set(txn, w, "work_done", a.progress * est)
+        return []
+
+    def _released(
+        self, txn: _Txn, w: Workload, a: Released, now: float, cause_id: str | None
+    ) -> list[str]:
+        """The backend confirms a stop: PREEMPTING -> PREEMPTED or STOPPING ->
+        CANCELLED, keeping only the checkpointed work; only now is the room freed."""
+        ckpt = a.checkpointed_progress
+        if ckpt is not None and not 0.0 <= ckpt <= 1.0:
+            return [f"checkpointed progress {ckpt!r} outside [0, 1]"]
+        work = a.checkpointed_work_s
+        if work is not None and not (isinstance(work, (int, float)) and 0.0 <= work < math.inf):
+            return [f"checkpointed work {work!r} is not a finite number of seconds >= 0"]
+        if w.state is State.PREEMPTING:
+            target = State.PREEMPTED
+        elif w.state is State.STOPPING:
+            target = State.CANCELLED
+        elif w.state in (State.PREEMPTED, State.CANCELLED):
+            txn.ignored.append(f"released {w.id}: already released")
+            return []
+        else:
+            return [
+                f"{w.id} is {w.state.value}; release is only confirmed after a stop request"
+                f" ({_trail(w)})"
+            ]
+        self._account_lost_work(txn, w, now, a.checkpointed_progress, work)
+        err = self._transition(txn, w, target, "backend confirmed release", cause_id)
+        if err:
+            return [err]
+        self._free(txn, w)
+        self._set(txn, w, "started_at", None)
+        return []
+
+    def _exited(
+        self, txn: _Txn, w: Workload, a: Exited, now: float, cause_id: str | None
+    ) -> list[str]:
+        """The process ended: SUCCEEDED on exit 0, CANCELLED after a stop, else FAILED
+        (counted against retries unless the node was lost); the room is freed."""
         if w.state in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.PREEMPTED):
             txn.ignored.append(f"exited {w.id}: already {w.state.value}")
             return []
