@@ -169,23 +169,8 @@ def deadline_admission(
     if w.deadline is None:
         return DeadlineVerdict(DeadlineStatus.NO_DEADLINE, now, now, None, "no deadline given")
     rem = (remaining or _declared)(w, now)
-    if rem is None:
-        return DeadlineVerdict(
-            DeadlineStatus.AT_RISK,
-            now,
-            INF,
-            w.deadline,
-            "no estimated_duration: completion cannot be projected",
-        )
-    if now + rem > w.deadline:
-        return DeadlineVerdict(
-            DeadlineStatus.INFEASIBLE,
-            now,
-            now + rem,
-            w.deadline,
-            f"needs {format_duration(rem)} but only {format_duration(w.deadline - now)} remain"
-            " even on an empty cluster",
-        )
+    if rem is None or now + rem > w.deadline:
+        return _unprojected_verdict(now, rem, w.deadline)
     ahead_strong = [a for a in ahead if a.priority >= w.priority and a.id != w.id]
     proj = project_start(
         cp,
@@ -196,21 +181,56 @@ def deadline_admission(
         grace_s=grace_s,
         remaining=remaining,
     )
+    return _projected_verdict(w, now, rem, w.deadline, proj, margin, default_estimate_s)
+
+
+def _unprojected_verdict(now: float, rem: float | None, deadline: float) -> DeadlineVerdict:
+    """The verdict without a projection: nothing to project from (no estimate), or
+    the deadline is missed even if ``w`` started now on an empty cluster."""
+    if rem is None:
+        return DeadlineVerdict(
+            DeadlineStatus.AT_RISK,
+            now,
+            INF,
+            deadline,
+            "no estimated_duration: completion cannot be projected",
+        )
+    return DeadlineVerdict(
+        DeadlineStatus.INFEASIBLE,
+        now,
+        now + rem,
+        deadline,
+        f"needs {format_duration(rem)} but only {format_duration(deadline - now)} remain"
+        " even on an empty cluster",
+    )
+
+
+def _projected_verdict(
+    w: Workload,
+    now: float,
+    rem: float,
+    deadline: float,
+    proj: Projection,
+    margin: float,
+    default_estimate_s: float,
+) -> DeadlineVerdict:
+    """The verdict from ``w``'s projected start: infeasible when it never starts or
+    misses, at risk on thin slack or assumed durations, else feasible."""
     if proj.start == INF:
         return DeadlineVerdict(
             DeadlineStatus.INFEASIBLE,
             INF,
             INF,
-            w.deadline,
+            deadline,
             "no node in the cluster can hold it, even when everything ahead has finished",
         )
     restart = w.spec.restart_cost if w.work_done > 0 else 0.0
     done = proj.start + restart + rem
-    slack = w.deadline - done
+    slack = deadline - done
     where = ", ".join(sorted({a.node for a in proj.allocs}))
     base = (
         f"earliest start in {format_duration(proj.start - now)} on {where}, completion in"
-        f" {format_duration(done - now)}, deadline in {format_duration(w.deadline - now)}"
+        f" {format_duration(done - now)}, deadline in {format_duration(deadline - now)}"
     )
     if proj.assumed:
         base += (
@@ -221,7 +241,7 @@ def deadline_admission(
             DeadlineStatus.INFEASIBLE,
             proj.start,
             done,
-            w.deadline,
+            deadline,
             f"misses by {format_duration(-slack)}: {base}",
         )
     if slack < margin * rem or proj.assumed:
@@ -229,13 +249,13 @@ def deadline_admission(
             DeadlineStatus.AT_RISK,
             proj.start,
             done,
-            w.deadline,
+            deadline,
             f"slack {format_duration(slack)}: {base}",
         )
     return DeadlineVerdict(
         DeadlineStatus.FEASIBLE,
         proj.start,
         done,
-        w.deadline,
+        deadline,
         f"slack {format_duration(slack)}: {base}",
     )
