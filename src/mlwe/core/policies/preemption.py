@@ -10,7 +10,7 @@ chosen, and the set is minimal (no victim can be dropped).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -78,6 +78,105 @@ class _Candidate:
         return (round(self.cost, 6), top, len(self.victims), self.rank)
 
 
+@dataclass(slots=True)
+class _Search:
+    """What a victim search has chosen so far, over the preemptor's replicas."""
+
+    chosen: dict[str, tuple[Workload, PreemptReason]] = field(default_factory=dict)
+    allocs: list[ReplicaAlloc] = field(default_factory=list)
+    per_node: dict[str, int] = field(default_factory=dict)
+    total_cost: float = 0.0
+    examined: int = 0
+    feasible_total: int = 0
+    alternatives: list[str] = field(default_factory=list)
+
+    def place(self, alloc: ReplicaAlloc) -> None:
+        self.allocs.append(alloc)
+        self.per_node[alloc.node] = self.per_node.get(alloc.node, 0) + 1
+
+    def note_alternatives(self, best: _Candidate, found: list[_Candidate]) -> None:
+        """The next-cheapest candidates (three at most, over all replicas), described."""
+        for c in sorted(found, key=_Candidate.key):
+            if c is not best and len(self.alternatives) < 3:
+                self.alternatives.append(
+                    f"{c.node}: {c.cost / 60:.0f} GPU-min"
+                    f" ({', '.join(v.id for _, v, _ in c.victims)})"
+                )
+
+
+def _candidate_nodes(fork: CapacityIndex, shape: Shape) -> list[str]:
+    """Where a replica of ``shape`` might go: the nodes of its models in preference
+    order; for CPU-only work, CPU nodes first, then every GPU model's nodes."""
+    if shape.gpu:
+        return [n for m in shape.models for n in fork.nodes_of_model(m)]
+    nodes = [*fork.nodes_of_model(None)]
+    for m in fork.models():
+        nodes += fork.nodes_of_model(m)
+    return nodes
+
+
+def _eligibility(
+    cp: ControlPlane,
+    p: Workload,
+    taken: set[str],
+    equals: Callable[[Workload], bool] | None,
+    reclaim_ok: bool,
+    now: float,
+) -> Callable[[Workload], PreemptReason | None]:
+    """The test a running workload passes to be a victim of ``p``, returning the
+    reason it may be evicted (None: it may not): strictly lower priority, an equal
+    worth evicting (``equals``), or a cohort member over its nominal quota while
+    ``p`` reclaims; never protected or too young work, never work that frees
+    nothing ``p`` can use."""
+    qp = cp.queues[p.queue]
+
+    def eligible(v: Workload) -> PreemptReason | None:
+        if v.id in taken or v.state not in _EVICTABLE:
+            return None
+        if v.priority < p.priority:
+            why = PreemptReason.PRIORITY
+        elif equals is not None and v.priority == p.priority:
+            if gain_violations(p, v, now) or not equals(v):
+                return None
+            why = PreemptReason.GAIN
+        elif reclaim_ok:
+            qv = cp.queues[v.queue]
+            if not (qv.cohort == qp.cohort and qv.name != qp.name and qv.over_nominal()):
+                return None
+            why = PreemptReason.RECLAIM
+        else:
+            return None
+        if preemptible(v, now) is not None:
+            return None
+        if not frees_what_is_needed(cp.capacity, v, p):
+            return None  # the control plane's rule: e.g. a CPU-only job frees no GPUs
+        return why
+
+    return eligible
+
+
+def _free_fit(
+    f: CapacityIndex,
+    shape: Shape,
+    exclude: Container[str],
+    per_node: Mapping[str, int],
+    cap: int,
+) -> tuple[ReplicaAlloc | None, Container[str]]:
+    """Room for one more replica without evicting anyone, and the nodes the victim
+    scan must then avoid: ``exclude``, plus, for a shaped gang, the nodes at its cap."""
+    if not cap:
+        return _first_fit(f, shape, exclude), exclude
+    # nodes at the gang's cap take no more of it; with tasks_per_node, the
+    # node being filled is tried first, so the gang fills it before the next
+    full = {n for n, c in per_node.items() if c >= cap}
+    excl: Container[str] = _Either(exclude, full)
+    filling = [n for n, c in per_node.items() if c < cap]
+    free_alloc = (f.fit_on(filling[-1], shape)
+                  if shape.per_node and filling and filling[-1] not in exclude
+                  else None) or _first_fit(f, shape, excl)
+    return free_alloc, excl
+
+
 class CheapestVictims:
     """Cheapest minimal victim set per replica, over a bounded set of candidate nodes.
 
@@ -120,125 +219,105 @@ class CheapestVictims:
         reclaim_ok = qp.cohort is not None and all(
             a <= n for a, n in zip(after, qp.nominal.as_tuple())
         )
-
-        def eligible(v: Workload) -> PreemptReason | None:
-            if v.id in taken or v.state not in _EVICTABLE:
-                return None
-            if v.priority < p.priority:
-                why = PreemptReason.PRIORITY
-            elif equals is not None and v.priority == p.priority:
-                if gain_violations(p, v, now) or not equals(v):
-                    return None
-                why = PreemptReason.GAIN
-            elif reclaim_ok:
-                qv = cp.queues[v.queue]
-                if not (qv.cohort == qp.cohort and qv.name != qp.name and qv.over_nominal()):
-                    return None
-                why = PreemptReason.RECLAIM
-            else:
-                return None
-            if preemptible(v, now) is not None:
-                return None
-            if not frees_what_is_needed(cp.capacity, v, p):
-                return None  # the control plane's rule: e.g. a CPU-only job frees no GPUs
-            return why
-
         held = cp.holding_by_priority  # live priorities only (zero counts are dropped)
         lowest = min(held, default=p.priority + 1)
         if not reclaim_ok and (lowest > p.priority or (lowest == p.priority and equals is None)):
             return None  # nobody holds anything at a lower (or, among equals, the same) priority
-
-        if shape.gpu:
-            nodes = [n for m in shape.models for n in fork.nodes_of_model(m)]
-        else:
-            nodes = [*fork.nodes_of_model(None)]
-            for m in fork.models():
-                nodes += fork.nodes_of_model(m)
+        nodes = _candidate_nodes(fork, shape)
         if not nodes:
             return None
-        f = fork.fork()
-        chosen: dict[str, tuple[Workload, PreemptReason]] = {}
-        allocs: list[ReplicaAlloc] = []
-        total_cost = 0.0
-        examined = feasible_total = 0
-        alternatives: list[str] = []
+        eligible = _eligibility(cp, p, taken, equals, reclaim_ok, now)
+        return self._search(cp, fork.fork(), p, shape, nodes, exclude, eligible, now)
+
+    def _search(
+        self,
+        cp: ControlPlane,
+        f: CapacityIndex,
+        p: Workload,
+        shape: Shape,
+        nodes: list[str],
+        exclude: Container[str],
+        eligible: Callable[[Workload], PreemptReason | None],
+        now: float,
+    ) -> VictimChoice | None:
+        """Replica by replica on the fork ``f``: free room if there is some, else the
+        cheapest candidate node's victims (None: some replica finds neither)."""
+        s = _Search()
         cap = shape.per_node or shape.max_per_node  # a shaped gang: replicas per node
-        per_node: dict[str, int] = {}
         for _ in range(p.spec.replicas):
-            if cap:
-                # nodes at the gang's cap take no more of it; with tasks_per_node, the
-                # node being filled is tried first, so the gang fills it before the next
-                full = {n for n, c in per_node.items() if c >= cap}
-                excl: Container[str] = _Either(exclude, full)
-                filling = [n for n, c in per_node.items() if c < cap]
-                free_alloc = (f.fit_on(filling[-1], shape)
-                              if shape.per_node and filling and filling[-1] not in exclude
-                              else None) or _first_fit(f, shape, excl)
-            else:
-                excl = exclude
-                free_alloc = _first_fit(f, shape, exclude)
+            free_alloc, excl = _free_fit(f, shape, exclude, s.per_node, cap)
             if free_alloc is not None:
                 f.allocate(free_alloc)
-                allocs.append(free_alloc)
-                per_node[free_alloc.node] = per_node.get(free_alloc.node, 0) + 1
+                s.place(free_alloc)
                 continue
-            best: _Candidate | None = None
-            found: list[_Candidate] = []
-            start = self._cursor % len(nodes)
-            scanned = 0
-            for i in range(len(nodes)):
-                node = nodes[(start + i) % len(nodes)]
-                scanned += 1
-                if node not in excl and f.status(node) is NodeStatus.READY:
-                    vs = []
-                    for wid in cp.on_node.get(node, ()):
-                        if wid in chosen:
-                            continue
-                        v = cp.workloads[wid]
-                        why = eligible(v)
-                        if why is not None:
-                            vs.append((self.cost(v, now), v, why))
-                    if vs:
-                        cand = self._try_node(f, node, shape, vs, i)
-                        if cand is not None:
-                            found.append(cand)
-                            if best is None or cand.key() < best.key():
-                                best = cand
-                            if len(found) >= self.max_candidates:
-                                break
-                if scanned >= self.max_scan:
-                    break
-            self._cursor += scanned
-            examined += scanned
-            feasible_total += len(found)
+            best, found, scanned = self._scan(cp, f, nodes, shape, excl, s.chosen, eligible, now)
+            s.examined += scanned
+            s.feasible_total += len(found)
             if best is None:
                 return None
-            for c in sorted(found, key=_Candidate.key):
-                if c is not best and len(alternatives) < 3:
-                    alternatives.append(
-                        f"{c.node}: {c.cost / 60:.0f} GPU-min"
-                        f" ({', '.join(v.id for _, v, _ in c.victims)})"
-                    )
+            s.note_alternatives(best, found)
             for _, v, why in best.victims:
-                chosen[v.id] = (v, why)
+                s.chosen[v.id] = (v, why)
                 for a in v.placement:  # a gang victim frees every replica
                     f.release(a)
             f.allocate(best.alloc)
-            allocs.append(best.alloc)
-            per_node[best.alloc.node] = per_node.get(best.alloc.node, 0) + 1
-            total_cost += best.cost
-        if not chosen:
+            s.place(best.alloc)
+            s.total_cost += best.cost
+        if not s.chosen:
             return None  # everything fits without evicting anyone
-        if p.spec.gang is not None and p.spec.gang.per_node_problems(per_node):
+        if p.spec.gang is not None and p.spec.gang.per_node_problems(s.per_node):
             return None  # no victim set found that gives the gang its shape
         return VictimChoice(
-            victims=tuple(chosen.values()),
-            allocs=tuple(allocs),
-            cost=total_cost,
-            nodes_examined=examined,
-            feasible_nodes=feasible_total,
-            alternatives=tuple(alternatives),
+            victims=tuple(s.chosen.values()),
+            allocs=tuple(s.allocs),
+            cost=s.total_cost,
+            nodes_examined=s.examined,
+            feasible_nodes=s.feasible_total,
+            alternatives=tuple(s.alternatives),
         )
+
+    def _scan(
+        self,
+        cp: ControlPlane,
+        f: CapacityIndex,
+        nodes: list[str],
+        shape: Shape,
+        excl: Container[str],
+        chosen: Mapping[str, object],
+        eligible: Callable[[Workload], PreemptReason | None],
+        now: float,
+    ) -> tuple[_Candidate | None, list[_Candidate], int]:
+        """One replica's dry runs: nodes from the rotating cursor, until
+        ``max_candidates`` nodes where it would fit (or ``max_scan`` examined);
+        the cheapest candidate, all of them, and how many nodes were examined."""
+        best: _Candidate | None = None
+        found: list[_Candidate] = []
+        start = self._cursor % len(nodes)
+        scanned = 0
+        for i in range(len(nodes)):
+            node = nodes[(start + i) % len(nodes)]
+            scanned += 1
+            if node not in excl and f.status(node) is NodeStatus.READY:
+                vs = []
+                for wid in cp.on_node.get(node, ()):
+                    if wid in chosen:
+                        continue
+                    v = cp.workloads[wid]
+                    why = eligible(v)
+                    if why is not None:
+                        vs.append((self.cost(v, now), v, why))
+                if vs:
+                    cand = self._try_node(f, node, shape, vs, i)
+                    if cand is not None:
+                        found.append(cand)
+                        if best is None or cand.key() < best.key():
+                            best = cand
+                        if len(found) >= self.max_candidates:
+                            break
+            if scanned >= self.max_scan:
+                break
+        self._cursor += scanned
+        return best, found, scanned
 
     def cost(self, v: Workload, now: float) -> float:
         """What evicting ``v`` now costs (the set with the least total wins)."""
