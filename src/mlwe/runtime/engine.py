@@ -54,6 +54,7 @@ from mlwe.core.reconcile import Reconciler, correlation_of
 from mlwe.core.scheduler import Scheduler, default_scheduler
 from mlwe.core.spec import ClusterSpec, NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
 from mlwe.runtime.clock import WallClock
+from mlwe.runtime.commit import GroupCommit
 from mlwe.runtime.requests import (
     Request,
     StoreRefused,
@@ -123,16 +124,6 @@ class RequestRejected(ValueError):
         super().__init__("; ".join(self.reasons) or "rejected")
 
 
-@dataclass
-class _Ticket:
-    """One caller's requests waiting for the group commit that covers them."""
-
-    requests: list[Request]
-    results: list[ApplyResult] = field(default_factory=list)
-    error: StoreRefused | None = None
-    done: bool = False
-
-
 def new_correlation_id() -> str:
     return f"req-{uuid.uuid4().hex[:16]}"
 
@@ -187,9 +178,8 @@ class Engine:
         self.workflows: WorkflowEngine | None = None
         self._state_out: list[tuple[Workload, Transition]] = []
         self._calls: deque[Callable[[], None]] = deque()
-        self._pending: list[_Ticket] = []  # requests waiting for a group commit
-        self._pending_lock = threading.Lock()
-        self._flush_mutex = threading.Lock()  # held by the caller committing a group
+        self.commits = GroupCommit(self._durably)  # concurrent requests, one flush
+        self._flush_mutex = self.commits.mutex  # held by the caller committing a group
         #: commands of a tick whose flush failed: sent after the next one that succeeds
         self._held_commands: list[Command] = []
         self._last_maintenance = clock.now()
@@ -345,33 +335,11 @@ class Engine:
             return []
         if self.lock._is_owned():  # type: ignore[attr-defined]
             return self._durably(reqs)
-        ticket = _Ticket(list(reqs))
-        with self._pending_lock:
-            self._pending.append(ticket)
-        with self._flush_mutex:
-            if not ticket.done:
-                with self._pending_lock:
-                    batch, self._pending = self._pending, []
-                self._run_batch(batch)
-        if ticket.error is not None:
-            raise ticket.error
-        if any(r.accepted and not r.duplicate for r in ticket.results):
+        results = self.commits.run(reqs)
+        if any(r.accepted and not r.duplicate for r in results):
             # a burst of submissions shares one scheduling cycle; anything else now
             self.wake(soon=all(r.action == "submit" for r in reqs))
-        return ticket.results
-
-    def _run_batch(self, tickets: list[_Ticket]) -> None:
-        reqs = [r for t in tickets for r in t.requests]
-        try:
-            results = self._durably(reqs)
-        except StoreRefused as exc:
-            for t in tickets:
-                t.error, t.done = exc, True
-            return
-        k = 0
-        for t in tickets:
-            t.results, t.done = results[k : k + len(t.requests)], True
-            k += len(t.requests)
+        return results
 
     def _durably(
         self, reqs: Sequence[Request], extra: Callable[[Any], None] | None = None
