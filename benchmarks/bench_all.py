@@ -58,10 +58,10 @@ def main() -> None:
     # the engine-level figures: each command prints one JSON document
     mlwe = str(Path(sys.executable).with_name("mlwe"))
     commands = [
-        ("store-sqlite", [mlwe, "bench", "store", "--backend", "sqlite", "--json",
-                          *(["--recover", "10000"] if quick else [])]),
-        ("store-postgres", [mlwe, "bench", "store", "--backend", "postgres", "--json",
-                            *(["--recover", "10000"] if quick else [])]),
+        ("engine-store-sqlite", [mlwe, "bench", "engine-store", "--backend", "sqlite", "--json",
+                                 *(["--recover", "10000"] if quick else [])]),
+        ("engine-store-postgres", [mlwe, "bench", "engine-store", "--backend", "postgres",
+                                   "--json", *(["--recover", "10000"] if quick else [])]),
         ("backend-local", [mlwe, "bench", "backend", "--backend", "local", "--json"]),
         ("api", [mlwe, "bench", "api", "--json"]),
         ("agent-eval", [mlwe, "agent", "eval", "--json"]),

@@ -20,7 +20,7 @@ HEAVY = ("fastapi", "starlette", "sqlalchemy", "alembic", "uvicorn", "mlwe.runti
          "matplotlib", "numpy", "pydantic", "httpx")
 #: what of mlwe the command may load before it runs one: packages (their __init__ is lazy),
 #: the CLI modules, and these
-LIGHT = {"mlwe.output", "mlwe.clientconfig", "mlwe.backends.bench"}
+LIGHT = {"mlwe.output", "mlwe.clientconfig", "mlwe.bench_cli", "mlwe.backends.bench"}
 
 
 def _loaded_after(code: str) -> set[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -38,7 +38,8 @@ def _root(
     ] = False,
 ) -> None:
     """ML Workload Engine: verified, deterministic, explainable scheduling for ML clusters."""
-bench_app = typer.Typer(help="Benchmarks that print figures (not tests).", no_args_is_help=True)
+from mlwe.bench_cli import bench_app  # noqa: E402  (every `mlwe bench` command is registered there)
+
 app.add_typer(bench_app, name="bench")
 db_app = typer.Typer(help="The engine's database: schema migrations.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -359,25 +360,6 @@ def _fmt(v: object) -> str:
     return "-" if v is None else str(v)
 
 
-@bench_app.command("kernel")
-def bench_kernel_cmd(
-    events: Annotated[int, typer.Option(min=1000)] = 1_000_000,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
-    """Discrete-event kernel speed on a null model."""
-    from mlwe.sim.kernel import bench_kernel
-
-    with err.status(f"bench kernel: {events:,} events", spinner="dots") if not as_json else _nothing():
-        result = bench_kernel(events)
-    print(json.dumps(result) if as_json else result)
-
-
-def _nothing() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
 def _store(data_dir: Path | None, database_url: str | None, *, check: bool = True):  # type: ignore[no-untyped-def]
     from mlwe.core.extras import MissingExtra
     from mlwe.store.db import SchemaError, check_schema, make_engine
@@ -469,80 +451,18 @@ def events_replay(
     out.print(f"replayed {replayed}")
 
 
-@bench_app.command("store")
-def bench_store_cmd(
-    backend: Annotated[str, typer.Option(help="sqlite or postgres")] = "sqlite",
-    submit: Annotated[int, typer.Option(min=1, help="submissions to time")] = 3000,
-    recover: Annotated[int, typer.Option(min=1, help="stored workloads to recover")] = 100_000,
-    clients: Annotated[int, typer.Option(min=1, help="concurrent submitting threads")] = 8,
-    url: Annotated[str | None, typer.Option(help="database URL (postgres)")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
-    """Durable submissions per second through the engine, and recovery time of the store."""
-    from mlwe.runtime.bench import bench_engine_store
-
-    if backend not in ("sqlite", "postgres"):
-        err.print("--backend must be sqlite or postgres")
-        raise typer.Exit(2)
-    result = bench_engine_store(
-        backend, submit, recover, clients=clients, url=url, verbose=not as_json
-    )
-    print(json.dumps(result, sort_keys=True) if as_json else result)
-
-
-@bench_app.command("core")
-def bench_core(
-    nodes: Annotated[int, typer.Option(min=1)] = 1000,
-    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, max=64)] = 8,
-    pending: Annotated[int, typer.Option(min=0)] = 2000,
-    running: Annotated[int, typer.Option(min=0)] = 0,
-    seed: int = 0,
-    preemptions: Annotated[int, typer.Option(min=0)] = 200,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-    policy: Annotated[str, typer.Option(help="mlwe (learned, size-aware) or classic")] = "mlwe",
-) -> None:
-    """Placement and preemption speed of the control plane on a synthetic cluster."""
-    from mlwe.sim.bench import bench_core as run
-
-    if policy not in ("mlwe", "classic"):
-        err.print(f"--policy {policy!r}: expected mlwe or classic")
-        raise typer.Exit(2)
-    with err.status(f"bench core: {nodes:,} nodes, {pending:,} pending", spinner="dots") if not as_json \
-            else _nothing():
-        result = run(
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            pending=pending,
-            running=running,
-            seed=seed,
-            preemptions=preemptions,
-            policy=policy,
-        )
-    if as_json:
-        print(json.dumps(result))
-        return
-    table = Table(title=f"bench core: {nodes} nodes x {gpus_per_node} GPUs")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for k, v in result.items():
-        table.add_row(k, str(v))
-    out.print(table)
-
-
-# the service commands (serve, submit, status, explain, cancel, nodes, watch, token, bench api)
+# the service commands (serve, submit, status, explain, cancel, nodes, watch, token, audit, config)
 from mlwe.api.cli import register as _register_service  # noqa: E402
 from mlwe.api.cli import register_agent as _register_agent_remote  # noqa: E402
 
-_register_service(app, bench_app)
+_register_service(app)
 _register_agent_remote(agent_app)
 
 
-# the local backend: the workload daemon and its benchmark (bodies in mlwe.backends)
-from mlwe.backends.bench import bench_backend_command  # noqa: E402
+# the local backend's workload daemon (its body in mlwe.backends.local)
 from mlwe.backends.local.cli import daemon_command  # noqa: E402
 
 app.command("daemon")(daemon_command)
-bench_app.command("backend")(bench_backend_command)
 
 # the Ray backend: how Ray nodes map to mlwe nodes (mlwe ray commands / check)
 from mlwe.backends.ray.cli import app as _ray_app  # noqa: E402

@@ -374,7 +374,7 @@ def test_sanitizer_runs_before_storing(engine) -> None:
 
 
 def test_bulk_inserts_in_batches_store_every_workload(sqlite_repo: Repository) -> None:
-    """Durable inserts in batches of 100 (their speed is a figure of `mlwe bench store`)."""
+    """Durable inserts in batches of 100 (their speed is a figure of `mlwe bench store-direct`)."""
     specs = [job(f"b{i}", cpu=1, memory="1Gi") for i in range(100)]
     n = 0
     for b in range(10):

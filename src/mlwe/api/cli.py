@@ -6,7 +6,8 @@ a running server: the URL and token come from ``--url`` / ``--token``, else
 :mod:`mlwe.clientconfig`). ``token`` and ``audit`` also have a local mode
 (``--local``, or ``--data-dir`` / ``--database-url``) that opens the engine's
 database directly: how the first tokens are made, and how an audit is checked
-with no server running. ``bench api`` measures the API.
+with no server running. (``mlwe bench api``, which measures the API, is in
+:mod:`mlwe.bench_cli`.)
 
 Every read command takes ``-o table|wide|json|yaml|name`` (see
 :mod:`mlwe.output`). This module imports only Typer and the standard library at
@@ -965,38 +966,6 @@ def _config(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         raise typer.Exit(2) from None
 
 
-# ====================================================================== bench
-def bench_api_cmd(
-    submits: Annotated[int, typer.Option(min=10, help="submissions to time")] = 2000,
-    concurrency: Annotated[int, typer.Option(min=1, max=256, help="concurrent HTTP clients")] = 32,
-    clients: Annotated[int, typer.Option(min=1, max=2000, help="SSE clients")] = 200,
-    rate: Annotated[float, typer.Option(min=1, help="events per second published")] = 20.0,
-    seconds: Annotated[float, typer.Option(min=1, help="SSE measurement time")] = 10.0,
-    read_clients: Annotated[
-        int, typer.Option(min=0, max=2000, help="SSE clients while the workload list is read")
-    ] = 300,
-    read_seconds: Annotated[float, typer.Option(min=1, help="read measurement time")] = 10.0,
-    phase: Annotated[
-        list[str] | None,
-        typer.Option(help="only these phases (repeat): submit, sse, read-no-sse, read-sse"),
-    ] = None,
-    as_json: AsJson = False,
-) -> None:
-    """HTTP submissions per second, SSE delivery lag with many stream clients, and the
-    workload list's read latency with many stream clients (``read_p99_ms_with_300_sse``)."""
-    from mlwe.api.bench import bench_api
-
-    known = ("submit", "sse", "read-no-sse", "read-sse")
-    bad = [p for p in phase or () if p not in known]
-    if bad:
-        _echo(f"error: unknown phase(s) {', '.join(bad)}; known: {', '.join(known)}", err=True)
-        raise typer.Exit(2)
-    result = bench_api(submits=submits, concurrency=concurrency, sse_clients=clients,
-                       events_per_s=rate, sse_seconds=seconds, read_sse_clients=read_clients,
-                       read_seconds=read_seconds, phases=tuple(phase or known), verbose=not as_json)
-    print(json.dumps(result, sort_keys=True) if as_json else result)
-
-
 # ------------------------------------------------------------ the agent, via the API
 def agent_status_cmd(
     url: Url = None, token: Token = None, context: CtxName = None,
@@ -1091,7 +1060,7 @@ def register_agent(agent_app: typer.Typer) -> None:
     agent_app.command("reject")(agent_reject_cmd)
 
 
-def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     """Add the service commands to the ``mlwe`` app (called once by ``mlwe.cli``)."""
     app.command("serve")(serve_cmd)
     app.command("submit")(submit_cmd)
@@ -1104,4 +1073,3 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
     app.add_typer(audit_app, name="audit")
     app.add_typer(config_app, name="config")
-    bench_app.command("api")(bench_api_cmd)

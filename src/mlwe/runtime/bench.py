@@ -1,4 +1,7 @@
-"""``mlwe bench store``: durable submissions through the ENGINE, and recovery time.
+"""``mlwe bench engine-store``: durable submissions through the ENGINE, and recovery time.
+
+(``mlwe bench store`` is its old name, kept as a hidden alias; the store alone,
+without the engine, is ``mlwe bench store-direct``: :mod:`mlwe.store.bench`.)
 
 ``submit_per_s``: ``Engine.submit`` called by ``clients`` concurrent threads,
 one workload per call, each call returning only once its submission is

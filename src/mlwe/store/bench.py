@@ -1,4 +1,7 @@
-"""``mlwe bench store``: durable submission throughput and recovery time of the store.
+"""``mlwe bench store-direct``: durable submission throughput and recovery time of the
+store alone, without the runtime engine (through the engine, with its threads and
+group commit: ``mlwe bench engine-store``, :mod:`mlwe.runtime.bench`, which also
+takes its recovery figures and scratch databases from here).
 
 ``submit_per_s``: workloads submitted through the control plane and made
 durable (``apply([Submit...])`` then ``StoreWriter.flush()``: one transaction
