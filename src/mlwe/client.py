@@ -336,7 +336,7 @@ class Approval(TypedDict):
     plan: dict[str, Any]
 
 
-#: client model -> the server's model of the same answer (tests/api/test_client_models.py)
+#: client model -> the server's model of the same answer (tests/api/test_client_lib.py checks both agree)
 MODELS: dict[str, type] = {
     "ResourcesOut": Resources, "TransitionOut": Transition, "WorkloadSummary": WorkloadSummary,
     "WorkloadDetail": WorkloadDetail, "NodeOut": Node, "QueueOut": Queue, "DecisionOut": Decision,

@@ -64,7 +64,7 @@ class ApiContext:
     metrics: ApiMetrics
     stream_stats: StreamStats
     submitter: SubmitQueue
-    agent: Any | None = None  # the agent loop, when one runs (see routes/agent.py)
+    agent: Any | None = None  # the agent loop, when one runs (see routes/ops.py)
     bus: Any | None = None  # the event bus (or its URL), for dead-letter replay
     extras: dict[str, Any] = field(default_factory=dict)
     idempotency: InFlightKeys = field(default_factory=InFlightKeys)

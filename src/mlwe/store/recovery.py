@@ -12,19 +12,23 @@ stops a start); without it (tools, tests) nothing is loaded and
 :func:`attach` connects a control plane to the store through a
 :class:`StoreWriter`. The writer collects, per applied batch, the transitions
 (a ``listeners`` entry), the workloads, nodes and queues each accepted batch
-touched, and the decision records; :meth:`StoreWriter.flush` writes all of it
-in ONE transaction (workload rows, transitions, decisions, version).
+touched, the decision records, and the audit records queued with
+:meth:`StoreWriter.note_audit`; :meth:`StoreWriter.flush` writes all of it in
+ONE transaction (nodes, queues, workload rows and changed specs, transitions,
+decisions, version, and with an :class:`AuditLog` the audit chain's entries).
 
 **Acknowledged = flushed.** The runtime calls ``flush()`` after each ``apply``
 (or after a group of them) and acknowledges a submission, or any other
 request, only once the flush that covers it has returned. A crash before that
 loses only what was never acknowledged.
 
-To see every accepted batch, including those with no state transition
-(progress reports, priority changes, node and queue changes), ``attach``
-wraps the ``apply`` of that one control-plane instance: the wrapper calls the
-original and, when the batch was accepted, notes what it touched. The class
-is not modified; other control planes are not affected.
+To see every accepted batch that changed state, including those with no
+lifecycle transition (progress reports, priority changes, node and queue
+changes), the writer registers on that one control plane's hooks: its
+``batch_listeners`` (each such batch, with its actions and result), its
+``listeners`` (transitions) and its ``decision_listeners`` (a control plane
+without them has its ``decisions`` list read at each flush instead). Nothing
+is wrapped or patched; a control plane has at most one writer.
 """
 
 from __future__ import annotations

@@ -45,9 +45,15 @@ The control plane decides placement; Ray only executes it:
 
 Everything happens in :meth:`RayBackend.send` and :meth:`RayBackend.poll` on the
 engine's thread with non-blocking Ray calls (``ray.wait(timeout=0)``): only they
-touch the backend's state. With ``event_listeners`` (the engine's wake-up), one
-watcher thread blocks in ``ray.wait`` on the refs still pending and only calls
-the listeners when one is ready; without listeners the backend has no thread.
+touch the backend's state. The backend has one thread of its own, a watcher: the
+first :meth:`~RayBackend.poll` that finds ``event_listeners`` registered starts it
+(the runtime engine always registers its wake-up there, so under the engine it
+runs), and it lives until :meth:`~RayBackend.close`, even if the listeners are
+removed. It blocks in ``ray.wait`` on the refs still pending and only calls the
+listeners when one is ready; it never touches the backend's state. A backend
+that never had listeners (tests, benchmarks driving ``poll`` themselves) starts
+no thread; Ray's own client, once connected (``ray.init``), runs threads of its
+own in this process either way.
 """
 
 from __future__ import annotations
@@ -313,7 +319,8 @@ class RayBackend:
         self._closed = False
         #: Called (from the watcher thread) when a result the backend waits for is ready:
         #: the runtime engine registers its wake-up here and polls at once, instead of
-        #: at its next tick. Without listeners the backend has no thread at all.
+        #: at its next tick. The first poll with a listener here starts the watcher
+        #: (until close); while none was ever registered, no thread is started.
         self.event_listeners: list[Callable[[], None]] = []
         self._watch_refs: list[Any] = []
         self._watch_fresh = threading.Event()
