@@ -9,12 +9,10 @@ field for field, and pass the full invariant sweep.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from typing import Any
 
 import pytest
@@ -42,7 +40,7 @@ from mlwe.core import (
     Submit,
 )
 from mlwe.store import schema as S
-from mlwe.store.bench import bulk_load, measure_recovery, synthetic_workloads
+from mlwe.store.bench import bulk_load, synthetic_workloads
 from mlwe.store.recovery import RecoveryError, StoreWriter, attach, recover
 from mlwe.store.repository import Repository
 from tests.core.builders import A100, cluster, cpu_node, gpu_node, job, queue
@@ -350,15 +348,3 @@ def test_sigkill_mid_burst_loses_no_acknowledged_submission(engine: Engine) -> N
         ).all()
     assert len(per_workload) == len(cp.workloads)
     assert {n for _, n in per_workload} == {1}  # each submission stored exactly once
-
-
-@pytest.mark.slow
-def test_recovery_of_100k_workloads_is_timed(sqlite_repo: Repository) -> None:
-    """Printed, not asserted (the target, <= 5 s, is checked by ``mlwe bench store``)."""
-    n = int(os.environ.get("MLWE_RECOVERY_N", "100000"))
-    t0 = time.perf_counter()
-    got = measure_recovery(sqlite_repo, n)
-    print(
-        f"\nsqlite: recover() of {n:,} workloads took {got['recovery_s']:.2f} s"
-        f" (loading them took {got['load_data_s']:.2f} s; test {time.perf_counter() - t0:.1f} s)"
-    )
