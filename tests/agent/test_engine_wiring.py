@@ -6,7 +6,7 @@ the engine lock free, and a decision the state has left behind rejected as stale
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from mlwe.agent.loop import Agent
@@ -24,6 +24,7 @@ from mlwe.core.spec import ClusterSpec, NodePool, WorkloadSpec
 from mlwe.runtime import Engine, LiveSimBackend
 from mlwe.runtime.wiring import attach_agent as attach
 from mlwe.store.audit import AuditLog
+from tests.core.builders import tick_until
 
 
 def _spec(**kw: object) -> WorkloadSpec:
@@ -132,15 +133,6 @@ def test_observe_mode_through_the_engine_starts_nothing(tmp_path: Path) -> None:
     eng.close()
 
 
-def run(eng: Engine, clock: ManualClock, pred: Callable[[], bool], limit: int = 3000) -> None:
-    for _ in range(limit):
-        if pred():
-            return
-        clock.advance(1.0)
-        eng.tick()
-    raise AssertionError("condition not reached")
-
-
 def test_the_preemption_plan_runs_as_a_reschedule_workflow(tmp_path: Path) -> None:
     eng, clock = engine_with_sla(tmp_path)
     agent = attach(eng, background=False)
@@ -151,7 +143,7 @@ def test_the_preemption_plan_runs_as_a_reschedule_workflow(tmp_path: Path) -> No
     assert wf.correlation_id == out.correlation_id and wf.id == f"reschedule-{out.correlation_id}"
     victims = wf.params["victims"]
     assert len(victims) == 2 and all(eng.cp.get(v).preempted_by == "ft" for v in victims)
-    run(eng, clock, lambda: not wf.active)
+    tick_until(eng, clock, lambda: not wf.active)
     assert wf.status == WorkflowStatus.DONE, wf.log
     assert [e["step"] for e in wf.events("step-done")] == [
         "checkpoint", "wait_checkpoint", "confirm_release", "place", "start"]
@@ -184,10 +176,10 @@ def test_the_victims_are_resumed_when_the_preemptor_cannot_start(tmp_path: Path)
     assert wf is not None
     victims = wf.params["victims"]
     placed = {v: eng.cp.get(v).placement for v in victims}
-    run(eng, clock, lambda: not wf.active)
+    tick_until(eng, clock, lambda: not wf.active)
     assert wf.status == WorkflowStatus.COMPENSATED, wf.log
     assert "start-failed" in wf.data["error"]
-    run(eng, clock, lambda: all(eng.cp.get(v).state is State.RUNNING for v in victims), 60)
+    tick_until(eng, clock, lambda: all(eng.cp.get(v).state is State.RUNNING for v in victims), 60)
     for v in victims:  # back where they were, from their checkpoints
         w = eng.cp.get(v)
         assert w.placement == placed[v] and w.attempt == 2 and w.work_done > 0

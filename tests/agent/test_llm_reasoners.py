@@ -34,8 +34,7 @@ from mlwe.core.lifecycle import State
 from mlwe.core.scheduler import Scheduler, SchedulerConfig
 from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from tests.agent.standin_models import Reply, StandInGemini, StandInOpenAI
-
-A100 = "A100-80GB"
+from tests.core.builders import A100
 
 
 # =============================================================== situation

@@ -16,12 +16,11 @@ from mlwe.core.backend import Command, StartCommand
 from mlwe.core.clock import ManualClock
 from mlwe.core.lifecycle import State
 from mlwe.core.scheduler import Scheduler, SchedulerConfig
-from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
+from mlwe.core.spec import ClusterSpec, NodeSpec
 from mlwe.runtime import Engine, EngineConfig, LiveSimBackend
 from mlwe.runtime.streams import StreamHub
 from mlwe.runtime.wiring import attach_workflows, detach_workflows
-
-A100 = "A100-80GB"
+from tests.core.builders import A100, gpu_job, tick_until
 
 
 class CrashingSim(LiveSimBackend):
@@ -39,12 +38,6 @@ class CrashingSim(LiveSimBackend):
             if isinstance(c, StartCommand) and c.attempt in self.crash.get(c.workload, set()):
                 self.kernel.at(self.kernel.clock.t + self.crash_after_s, self.sim._crash,
                                (c.workload, c.attempt, 1))
-
-
-def spec(wid: str, *, gpu: int, priority: int, **kw: object) -> WorkloadSpec:
-    return WorkloadSpec.model_validate({"id": wid, "name": wid, "priority": priority,
-                                        "resources": {"gpu": gpu, "cpu": 8, "memory": "64Gi"},
-                                        **kw})
 
 
 class Rig:
@@ -73,12 +66,7 @@ class Rig:
         return attach_workflows(self.eng)
 
     def run(self, pred: Callable[[], bool], limit: int = 3000) -> None:
-        for _ in range(limit):
-            if pred():
-                return
-            self.clock.advance(1.0)
-            self.eng.tick()
-        raise AssertionError("condition not reached")
+        tick_until(self.eng, self.clock, pred, limit)
 
     def state(self, wid: str) -> State:
         return self.eng.cp.workloads[wid].state
@@ -92,11 +80,11 @@ def test_a_reschedule_in_flight_resumes_after_a_restart(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     wfe = attach_workflows(rig.eng)
     assert attach_workflows(rig.eng) is wfe and rig.eng.workflows is wfe  # one per engine
-    rig.eng.submit([spec("victim", gpu=2, priority=10, checkpoint_interval=30,
-                         estimated_duration=3000)], actor="alice")
+    rig.eng.submit([gpu_job("victim", gpu=2, priority=10, checkpoint_interval=30,
+                            estimated_duration=3000)], actor="alice")
     rig.run(lambda: rig.state("victim") is State.RUNNING)
     rig.clock.advance(100)
-    rig.eng.submit([spec("urgent", gpu=2, priority=900, estimated_duration=600)], actor="bob")
+    rig.eng.submit([gpu_job("urgent", gpu=2, priority=900, estimated_duration=600)], actor="bob")
     rig.eng.tick()
     with rig.eng.lock:
         wf = wfe.start("reschedule", {"victim": "victim", "preemptor": "urgent"},
@@ -124,7 +112,7 @@ def test_a_reschedule_in_flight_resumes_after_a_restart(tmp_path: Path) -> None:
 def failing_job(rig: Rig) -> WorkflowEngine:
     rig.backend.crash["job"] = {1}  # the first attempt dies 20 s in; the next one is fine
     wfe = attach_workflows(rig.eng)
-    rig.eng.submit([spec("job", gpu=1, priority=50, estimated_duration=3000, max_retries=5)],
+    rig.eng.submit([gpu_job("job", gpu=1, priority=50, estimated_duration=3000, max_retries=5)],
                    actor="alice")
     rig.run(lambda: rig.state("job") is State.FAILED)
     return wfe
@@ -183,9 +171,9 @@ def test_workflow_steps_are_streamed_and_detach_stores_them(tmp_path: Path) -> N
     hub: StreamHub = rig.eng.streams
     sub = hub.subscribe(["state"], buffer=10_000)
     wfe = attach_workflows(rig.eng)
-    rig.eng.submit([spec("victim", gpu=2, priority=10, estimated_duration=3000)], actor="a")
+    rig.eng.submit([gpu_job("victim", gpu=2, priority=10, estimated_duration=3000)], actor="a")
     rig.run(lambda: rig.state("victim") is State.RUNNING)
-    rig.eng.submit([spec("urgent", gpu=2, priority=900, estimated_duration=600)], actor="b")
+    rig.eng.submit([gpu_job("urgent", gpu=2, priority=900, estimated_duration=600)], actor="b")
     with rig.eng.lock:
         wf = wfe.start("reschedule", {"victim": "victim", "preemptor": "urgent"},
                        workflow_id="wf-s")

@@ -48,23 +48,11 @@ from mlwe.store import schema as S
 from mlwe.store.audit import AuditLog
 from mlwe.store.recovery import StoreWriter, attach, recover
 from mlwe.store.repository import Repository
+from tests.core.builders import gpu_job, gpu_node, tick_until
 from tests.store.conftest import PG_URL, require_postgres
 
-A100 = "A100-80GB"
 
-
-# ================================================================ builders
-def gpu_node(name: str, gpus: int = 8) -> NodeSpec:
-    return NodeSpec(name=name, gpu_model=A100, gpus=gpus, cpu=64, memory="512Gi")
-
-
-def spec(wid: str, *, gpu: int = 8, priority: int = 50, **kw: Any) -> WorkloadSpec:
-    return WorkloadSpec.model_validate(
-        {"id": wid, "name": wid, "priority": priority,
-         "resources": {"gpu": gpu, "cpu": 8, "memory": "64Gi"}, **kw}
-    )
-
-
+# ============================================================ test doubles
 class StartRefusals:
     """A backend that cannot start some workloads: a TEST DOUBLE wrapping the simulator.
 
@@ -243,10 +231,10 @@ def caused_by(cp: ControlPlane, wid: str, target: State) -> list[str | None]:
 def reschedule_env(tmp: Path | None = None, **kw: Any) -> Env:
     """One 8-GPU node; a low-priority checkpointing fine-tune runs on it; an urgent one waits."""
     env = Env([gpu_node("n1")], {"victim": 3600.0, "urgent": 600.0}, tmp=tmp, **kw)
-    env.submit(spec("victim", priority=10, checkpoint_interval=60, estimated_duration=3600))
+    env.submit(gpu_job("victim", priority=10, checkpoint_interval=60, estimated_duration=3600))
     env.drive(until=300)
     assert env.state("victim") is State.RUNNING
-    env.submit(spec("urgent", priority=900, estimated_duration=600))
+    env.submit(gpu_job("urgent", priority=900, estimated_duration=600))
     env.drive(until=310)
     assert env.state("urgent") is State.PENDING  # no scheduler preemption here
     return env
@@ -293,7 +281,7 @@ def test_reschedule_accepts_the_scheduler_placing_the_preemptor_first() -> None:
 def test_refused_preemption_fails_without_compensation() -> None:
     env = reschedule_env()
     # equal priority: the control plane's priority rule refuses the preemption
-    env.submit(spec("peer", priority=10))
+    env.submit(gpu_job("peer", priority=10))
     wf = env.wf.start("reschedule", {"victim": "victim", "preemptor": "peer"})
     env.drive(until=400, stop=lambda: not wf.active)
     assert wf.status == WorkflowStatus.FAILED
@@ -357,11 +345,11 @@ def test_victim_that_never_releases_times_out_and_the_compensation_says_so() -> 
 def two_victims_env(tmp: Path | None = None) -> Env:
     """One 8-GPU node shared by two 4-GPU checkpointing runs; an urgent 8-GPU job waits."""
     env = Env([gpu_node("n1")], {"v1": 3600.0, "v2": 3600.0, "urgent": 600.0}, tmp=tmp)
-    env.submit(spec("v1", gpu=4, priority=10, checkpoint_interval=60, estimated_duration=3600),
-               spec("v2", gpu=4, priority=20, checkpoint_interval=60, estimated_duration=3600))
+    env.submit(gpu_job("v1", gpu=4, priority=10, checkpoint_interval=60, estimated_duration=3600),
+               gpu_job("v2", gpu=4, priority=20, checkpoint_interval=60, estimated_duration=3600))
     env.drive(until=300)
     assert env.state("v1") is env.state("v2") is State.RUNNING
-    env.submit(spec("urgent", priority=900, estimated_duration=600))
+    env.submit(gpu_job("urgent", priority=900, estimated_duration=600))
     env.drive(until=310)
     return env
 
@@ -466,13 +454,14 @@ def test_a_preemption_lost_in_a_crash_is_asked_again(tmp_path: Path) -> None:
 def recover_env(tmp: Path | None = None, repo: Repository | None = None, **kw: Any) -> Env:
     """n1 (8 GPUs) is the best fit for an 8-GPU job, n2 (16 GPUs) the fallback: the
     scheduler puts the job back on n1 every time; only a move takes it to n2."""
-    env = Env([gpu_node("n1", 8), gpu_node("n2", 16)], {"job": 1000.0}, tmp=tmp, repo=repo, **kw)
+    env = Env([gpu_node("n1", gpus=8), gpu_node("n2", gpus=16)], {"job": 1000.0},
+              tmp=tmp, repo=repo, **kw)
     env.backend.crash_after_s = 20.0
     return env
 
 
 def start_failing(env: Env, **params: Any) -> Workflow:
-    env.submit(spec("job", estimated_duration=1000, max_retries=10))
+    env.submit(gpu_job("job", estimated_duration=1000, max_retries=10))
     env.drive(until=200, stop=lambda: env.state("job") is State.FAILED)
     assert env.state("job") is State.FAILED
     return env.wf.start("recover", {"workload": "job", **params})
@@ -546,7 +535,7 @@ def test_recover_gives_up_to_a_dead_letter_and_an_alert(tmp_path: Path) -> None:
 
 def test_recover_a_lost_node_goes_straight_to_move() -> None:
     env = recover_env()
-    env.submit(spec("job", estimated_duration=1000))
+    env.submit(gpu_job("job", estimated_duration=1000))
     env.drive(until=100)
     assert env.nodes("job") == ["n1"]
     env.sim.fail_node(env.kernel.clock.t + 1, "n1")
@@ -641,7 +630,7 @@ def test_bad_requests_are_refused_and_store_nothing(tmp_path: Path) -> None:
 
 def test_starting_twice_is_idempotent_and_a_conflict_is_refused(tmp_path: Path) -> None:
     env = reschedule_env(tmp=tmp_path)
-    env.submit(spec("other", priority=800))
+    env.submit(gpu_job("other", priority=800))
     first = env.wf.start("reschedule", {"victim": "victim", "preemptor": "urgent"})
     again = env.wf.start("reschedule", {"victim": "victim", "preemptor": "urgent"})
     assert again is first
@@ -766,7 +755,7 @@ def test_workflows_in_the_runtime_engine_are_audited_and_durable(tmp_path: Path)
     from mlwe.runtime import Engine, LiveSimBackend
 
     clock = ManualClock(0.0)
-    cluster = ClusterSpec(nodes=(gpu_node("g1", 2),))
+    cluster = ClusterSpec(nodes=(gpu_node("g1", gpus=2),))
 
     def open_engine() -> Engine:
         return Engine.open(cluster, LiveSimBackend(clock), data_dir=tmp_path, clock=clock,
@@ -777,19 +766,14 @@ def test_workflows_in_the_runtime_engine_are_audited_and_durable(tmp_path: Path)
                          scheduler=eng.scheduler, repo=eng.repo, audit=eng.audit)
     eng.tick_hooks.append(wfe.tick_hook())
 
-    def run(pred: Callable[[], bool], limit: int = 2000) -> None:
-        for _ in range(limit):
-            if pred():
-                return
-            clock.advance(1.0)
-            eng.tick()
-        raise AssertionError("condition not reached")
+    def run(pred: Callable[[], bool]) -> None:
+        tick_until(eng, clock, pred, limit=2000)
 
-    eng.submit([spec("victim", gpu=2, priority=10, checkpoint_interval=30,
-                     estimated_duration=3000)], actor="alice")
+    eng.submit([gpu_job("victim", gpu=2, priority=10, checkpoint_interval=30,
+                        estimated_duration=3000)], actor="alice")
     run(lambda: eng.cp.workloads["victim"].state is State.RUNNING)
     clock.advance(100)
-    eng.submit([spec("urgent", gpu=2, priority=900, estimated_duration=600)], actor="bob")
+    eng.submit([gpu_job("urgent", gpu=2, priority=900, estimated_duration=600)], actor="bob")
     eng.tick()
     wf = wfe.start("reschedule", {"victim": "victim", "preemptor": "urgent"},
                    correlation_id="ops-1")

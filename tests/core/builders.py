@@ -1,13 +1,16 @@
-"""Small builders for core tests (in the spirit of Kueue's pkg/util/testing).
+"""Small builders shared by the tests (in the spirit of Kueue's pkg/util/testing).
 
 Each builder makes one thing with sensible defaults, so a test states only
 what matters to it: ``job("ft", gpu=8, models=["A100-80GB"], priority="urgent")``.
+Written for the core's tests and used by the other folders too (agent, runtime,
+store): clusters, workloads, driving a control plane, and :func:`tick_until` for
+an engine on a manual clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 from mlwe.core import (
     Action,
@@ -102,6 +105,16 @@ def job(
     )
 
 
+def gpu_job(wid: str, *, gpu: int = 8, priority: int = 50, **kw: Any) -> WorkloadSpec:
+    """A GPU workload (8 CPUs, 64Gi), priority 50 unless given; ``kw`` goes to the spec.
+
+    Unlike :func:`job`, only the fields named here and in ``kw`` are set."""
+    return WorkloadSpec.model_validate(
+        {"id": wid, "name": wid, "priority": priority,
+         "resources": {"gpu": gpu, "cpu": 8, "memory": "64Gi"}, **kw}
+    )
+
+
 def ok(result: ApplyResult) -> ApplyResult:
     """``result``, after checking the batch was accepted (with the reasons if not)."""
     assert result.accepted, result.reasons()
@@ -151,3 +164,19 @@ def release(cp: ControlPlane, wid: str, checkpointed_progress: float | None = No
 
 def apply_all(cp: ControlPlane, actions: Sequence[Action]) -> ApplyResult:
     return ok(cp.apply(actions))
+
+
+# ------------------------------------------------------------------ runtime
+class _Ticks(Protocol):
+    def tick(self) -> object: ...
+
+
+def tick_until(eng: _Ticks, clock: ManualClock, pred: Callable[[], bool], limit: int = 3000) -> None:
+    """Advance ``clock`` a second and tick ``eng`` until ``pred()`` holds, at most ``limit``
+    times (an engine driven by hand on a manual clock); fails if it never does."""
+    for _ in range(limit):
+        if pred():
+            return
+        clock.advance(1.0)
+        eng.tick()
+    raise AssertionError("condition not reached")
