@@ -1,4 +1,5 @@
-"""Connecting to the database: URLs, engines, schema migrations, retries and health.
+"""Connecting to the database: URLs, engines, schema migrations, retries, health, and
+the one transaction helper (:class:`Transactions`) every table of the repository uses.
 
 SQLite (in WAL mode) is the default, in a data directory; PostgreSQL is used
 when ``MLWE_DATABASE_URL`` (or an explicit URL) names one. The schema is owned
@@ -29,7 +30,8 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -376,3 +378,60 @@ def with_retry(
             h.record_success()
             return result
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ================================================================ transactions
+class Transactions:
+    """The one way the repository's tables run a unit of work on ``engine``.
+
+    :meth:`write` runs ``fn(conn)`` in a write transaction (``BEGIN IMMEDIATE`` on
+    SQLite), or inside the caller's transaction when it passes one; :meth:`read`
+    runs it on a connection of its own. Both re-run ``fn`` whole on transient
+    errors (:func:`with_retry`), reporting into ``health``; a caller's own
+    transaction (:meth:`transaction`) is never retried here: the caller owns it.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        health: Health | None = None,
+        attempts: int = 5,
+        base_delay: float = 0.05,
+    ) -> None:
+        self.engine = engine
+        self.health = health or HEALTH
+        self.attempts = attempts
+        self.base_delay = base_delay
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A write transaction, committed when the block ends (rolled back on an error)."""
+        with (
+            self.engine.connect().execution_options(**write_options()) as conn,
+            conn.begin(),
+        ):
+            yield conn
+
+    def retry(self, fn: Callable[[], T]) -> T:
+        return with_retry(fn, self.attempts, self.base_delay, health=self.health)
+
+    def write(self, fn: Callable[[Connection], T], conn: Connection | None = None) -> T:
+        """``fn(conn)`` in ``conn``'s transaction, or in a new one retried whole."""
+        if conn is not None:
+            return fn(conn)
+
+        def run() -> T:
+            with self.transaction() as c:
+                return fn(c)
+
+        return self.retry(run)
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(conn)`` on a connection of its own, re-run on transient errors."""
+
+        def run() -> T:
+            with self.engine.connect() as c:
+                return fn(c)
+
+        return self.retry(run)

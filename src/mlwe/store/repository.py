@@ -4,7 +4,8 @@ All writes run in transactions. A method that writes takes an optional
 ``conn``: given one (from :meth:`Repository.transaction`), it writes inside
 that transaction, so another module can store its own rows (a processed event
 id, an audit record) atomically with the effect; without one, it opens its
-own transaction and retries it on transient errors (see ``db.with_retry``).
+own transaction and retries it on transient errors (``db.Transactions``, the one
+transaction helper, over ``db.with_retry``).
 
 Writes of state are idempotent, so a transaction retried after a commit whose
 outcome was unknown stores nothing twice: workloads are keyed by id,
@@ -21,8 +22,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -342,9 +343,9 @@ class Repository:
         else:
             self.sanitizing = sanitize is not _identity
         self._sanitize = sanitize
-        self.health_state = health or db.HEALTH
-        self.retry_attempts = retry_attempts
-        self.retry_base_delay = retry_base_delay
+        self.tx = db.Transactions(
+            engine, health=health, attempts=retry_attempts, base_delay=retry_base_delay
+        )
         self.dialect = engine.dialect.name
         if self.dialect not in ("sqlite", "postgresql"):
             raise StoreError(f"unsupported database dialect {self.dialect!r}")
@@ -377,34 +378,42 @@ class Repository:
     def health(self) -> dict[str, Any]:
         return self.health_state.report().to_dict()
 
+    # the retry settings live in the transaction helper; these read and set them there
+    @property
+    def health_state(self) -> db.Health:
+        return self.tx.health
+
+    @health_state.setter
+    def health_state(self, value: db.Health) -> None:
+        self.tx.health = value
+
+    @property
+    def retry_attempts(self) -> int:
+        return self.tx.attempts
+
+    @retry_attempts.setter
+    def retry_attempts(self, value: int) -> None:
+        self.tx.attempts = value
+
+    @property
+    def retry_base_delay(self) -> float:
+        return self.tx.base_delay
+
+    @retry_base_delay.setter
+    def retry_base_delay(self, value: float) -> None:
+        self.tx.base_delay = value
+
     # ------------------------------------------------------------ transactions
-    @contextmanager
-    def transaction(self) -> Iterator[Connection]:
+    def transaction(self) -> AbstractContextManager[Connection]:
         """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed when the block ends.
 
         Pass the connection to the repository's write methods (``conn=``) to
         make them part of it. Not retried: the caller owns the whole unit.
         """
-        with (
-            self.engine.connect().execution_options(**db.write_options()) as conn,
-            conn.begin(),
-        ):
-            yield conn
-
-    def _retry(self, fn: Callable[[], T]) -> T:
-        return db.with_retry(
-            fn, self.retry_attempts, self.retry_base_delay, health=self.health_state
-        )
+        return self.tx.transaction()
 
     def _write(self, fn: Callable[[Connection], T], conn: Connection | None) -> T:
-        if conn is not None:
-            return fn(conn)
-
-        def run() -> T:
-            with self.transaction() as c:
-                return fn(c)
-
-        return self._retry(run)
+        return self.tx.write(fn, conn)
 
     def write(self, fn: Callable[[Connection], T]) -> T:
         """``fn(conn)`` in one write transaction, re-run whole on transient errors.
@@ -412,18 +421,14 @@ class Repository:
         ``fn`` must be safe to run again from the start (the repository's own
         writes are: they are idempotent).
         """
-        return self._write(fn, None)
+        return self.tx.write(fn)
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """``fn(conn)`` on a connection of its own, re-run on transient errors."""
-        return self._read(fn)
+        return self.tx.read(fn)
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
-        def run() -> T:
-            with self.engine.connect() as c:
-                return fn(c)
-
-        return self._retry(run)
+        return self.tx.read(fn)
 
     def _insert(self, table: Any) -> Insert:
         if self.dialect == "postgresql":
