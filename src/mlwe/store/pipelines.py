@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from mlwe.store import schema as S
-from mlwe.store.repository import Repository, canonical_json
+from mlwe.store.repository import Repository
+from mlwe.store.rows import canonical_json, upsert
 from mlwe.store.sanitize import sanitize
 
 
@@ -138,14 +138,6 @@ class PipelineStore:
     def __init__(self, repo: Repository) -> None:
         self.repo = repo
 
-    def _upsert(self, conn: Connection, table: Any, keys: list[str], row: dict[str, Any]) -> None:
-        ins = (postgresql.insert if self.repo.dialect == "postgresql" else sqlite.insert)(table)
-        stmt = ins.on_conflict_do_update(
-            index_elements=keys,
-            set_={c: ins.excluded[c] for c in row if c not in keys},
-        )
-        conn.execute(stmt, row)
-
     # ------------------------------------------------------------------ writes
     def save_run(self, run: RunRecord, steps: list[StepRecord] | None = None) -> None:
         """Write the run (and ``steps``) in one transaction; idempotent."""
@@ -165,9 +157,9 @@ class PipelineStore:
         }
 
         def go(c: Connection) -> None:
-            self._upsert(c, S.pipeline_runs, ["id"], row)
+            upsert(c, S.pipeline_runs, ["id"], [row])
             for st in steps or ():
-                self._upsert(c, S.pipeline_steps, ["run_id", "step"], self._step_row(st))
+                upsert(c, S.pipeline_steps, ["run_id", "step"], [self._step_row(st)])
 
         self.repo.write(go)
 
