@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mlwe.agent.workflows import WorkflowEngine, WorkflowStatus
+from mlwe.agent.workflows import WorkflowRunner, WorkflowStatus
 from mlwe.core.backend import Command, StartCommand
 from mlwe.core.clock import ManualClock
 from mlwe.core.lifecycle import State
@@ -59,7 +59,7 @@ class Rig:
                            config=self.config,
                            scheduler=Scheduler(config=SchedulerConfig(preemption=False)))
 
-    def restart(self) -> WorkflowEngine:
+    def restart(self) -> WorkflowRunner:
         """The engine stops (no goodbye to the workflows) and starts again on the same data."""
         self.eng.close()
         self.eng = self.open()
@@ -72,7 +72,7 @@ class Rig:
         return self.eng.cp.workloads[wid].state
 
     def stored_step(self, wid: str) -> str | None:
-        got = WorkflowEngine(self.eng.cp, repo=self.eng.repo)._stored(wid)
+        got = WorkflowRunner(self.eng.cp, repo=self.eng.repo)._stored(wid)
         return got.step_name if got is not None else None
 
 
@@ -102,14 +102,14 @@ def test_a_reschedule_in_flight_resumes_after_a_restart(tmp_path: Path) -> None:
     assert rig.eng.cp.workloads["victim"].preemptions == 1  # asked once, across the restart
     rig.eng.tick()  # the hook stores the last step
     assert rig.stored_step("wf-r") == "confirm_running"
-    assert WorkflowEngine(rig.eng.cp, repo=rig.eng.repo)._stored("wf-r").status == "done"  # type: ignore[union-attr]
+    assert WorkflowRunner(rig.eng.cp, repo=rig.eng.repo)._stored("wf-r").status == "done"  # type: ignore[union-attr]
     entries = rig.eng.audit.show(correlation_id="ops-1")
     assert {"proposal", "workflow"} <= {e.kind for e in entries}
     assert rig.eng.audit.verify().ok
     rig.eng.close()
 
 
-def failing_job(rig: Rig) -> WorkflowEngine:
+def failing_job(rig: Rig) -> WorkflowRunner:
     rig.backend.crash["job"] = {1}  # the first attempt dies 20 s in; the next one is fine
     wfe = attach_workflows(rig.eng)
     rig.eng.submit([gpu_job("job", gpu=1, priority=50, estimated_duration=3000, max_retries=5)],

@@ -3,7 +3,7 @@
 Each scenario runs the real loop (backend events -> reconciler -> workflow
 tick -> scheduling cycle -> backend commands) on simulated time. The crash
 tests stop the engine mid-workflow, rebuild the control plane and the
-workflow engine from the store (SQLite), and check the workflow resumes at
+workflow runner from the store (SQLite), and check the workflow resumes at
 the step it was at and ends as it would have without the crash.
 
 The scheduler here runs with preemption off and the reconciler's own retries
@@ -28,8 +28,8 @@ from mlwe.agent.workflows import (
     RESCHEDULE,
     AuditingProposer,
     Workflow,
-    WorkflowEngine,
     WorkflowError,
+    WorkflowRunner,
     WorkflowStatus,
 )
 from mlwe.bus.consumer import dead_letters
@@ -110,7 +110,7 @@ class StartRefusals:
 
 
 class Env:
-    """Control plane, reconciler, simulated backend and workflow engine, with a driver loop."""
+    """Control plane, reconciler, simulated backend and workflow runner, with a driver loop."""
 
     def __init__(
         self,
@@ -141,13 +141,13 @@ class Env:
             self.repo = repo
             self.audit = AuditLog(self.repo.engine, clock=self.kernel.clock.now)
             self.writer = attach(self.repo, cp, sync=True)
-        self._wire(cp, WorkflowEngine(cp, scheduler=self.scheduler(), repo=self.repo,
+        self._wire(cp, WorkflowRunner(cp, scheduler=self.scheduler(), repo=self.repo,
                                       writer=self.writer, audit=self.audit))
 
     def scheduler(self) -> Scheduler:
         return Scheduler(config=SchedulerConfig(preemption=self.preemption))
 
-    def _wire(self, cp: ControlPlane, wf: WorkflowEngine) -> None:
+    def _wire(self, cp: ControlPlane, wf: WorkflowRunner) -> None:
         self.cp = cp
         self.wf = wf
         self.rec = Reconciler(cp, wf.scheduler, grace_s=30.0, retry_base_s=self.retry_base_s)
@@ -164,7 +164,7 @@ class Env:
         self.cp.listeners.clear()
         cp = recover(self.repo, self.kernel.clock)
         self.writer = attach(self.repo, cp)
-        wf = WorkflowEngine.load(cp, self.repo, scheduler=self.scheduler(), writer=self.writer,
+        wf = WorkflowRunner.load(cp, self.repo, scheduler=self.scheduler(), writer=self.writer,
                                  audit=self.audit)
         assert wf.load_errors == []
         self._wire(cp, wf)
@@ -693,7 +693,7 @@ def test_corrupt_rows_are_reported_and_the_rest_resume(tmp_path: Path) -> None:
                                 ("bad-params", "recover", json.dumps({"params": {"x": 1}}))):
             c.execute(S.workflows.insert().values(id=wid, kind=kind, status="running", step=0,
                                                   data=data, created=0.0, updated=0.0))
-    eng = WorkflowEngine.load(env.cp, env.repo)
+    eng = WorkflowRunner.load(env.cp, env.repo)
     assert list(eng.active) == ["good"]
     assert len(eng.load_errors) == 3
     assert any("bad-json" in e and "unreadable" in e for e in eng.load_errors)
@@ -762,7 +762,7 @@ def test_workflows_in_the_runtime_engine_are_audited_and_durable(tmp_path: Path)
                            scheduler=Scheduler(config=SchedulerConfig(preemption=False)))
 
     eng = open_engine()
-    wfe = WorkflowEngine(eng.cp, proposer=AuditingProposer(eng.cp, eng.writer.note_audit),
+    wfe = WorkflowRunner(eng.cp, proposer=AuditingProposer(eng.cp, eng.writer.note_audit),
                          scheduler=eng.scheduler, repo=eng.repo, audit=eng.audit)
     eng.tick_hooks.append(wfe.tick_hook())
 
@@ -791,7 +791,7 @@ def test_workflows_in_the_runtime_engine_are_audited_and_durable(tmp_path: Path)
     eng.close()
     # a new engine on the same database finds the finished workflow
     eng2 = open_engine()
-    again = WorkflowEngine.load(eng2.cp, eng2.repo)
+    again = WorkflowRunner.load(eng2.cp, eng2.repo)
     assert again.active == {}
     stored = again.get(wf.id)
     assert stored is not None and stored.status == WorkflowStatus.DONE

@@ -69,7 +69,7 @@ from mlwe.agent.telemetry import TelemetryWindow
 from mlwe.agent.tools import AgentTools
 from mlwe.agent.triggers import AnalyzeConfig, Analyzer, Context, Trigger, default_triggers
 from mlwe.agent.whatif import Snapshot, WhatIfConfig, WhatIfEngine, YieldGil
-from mlwe.agent.workflows import WorkflowEngine, WorkflowError
+from mlwe.agent.workflows import WorkflowError, WorkflowRunner
 from mlwe.core.actions import Action
 from mlwe.core.backend import Telemetry
 from mlwe.core.controlplane import ApplyResult, ControlPlane
@@ -238,7 +238,7 @@ class Agent:
         telemetry_source: Callable[[], list[Telemetry]] | None = None,
         lock: Any = None,
         name: str = "agent",
-        workflows: WorkflowEngine | None = None,
+        workflows: WorkflowRunner | None = None,
         run_id: str = "",
     ) -> None:
         self.cp = cp
@@ -580,7 +580,7 @@ class Agent:
             return result, None, ()
         if self.workflows is None:
             return result, None, (
-                f"no workflow engine attached: the runtime carries the {req.kind} through",)
+                f"no workflow runner attached: the runtime carries the {req.kind} through",)
         wid = f"{req.kind}-{cid}"  # deterministic in simulations; unique per agent run
         try:
             wf = self.workflows.start(req.kind, req.params, correlation_id=cid,

@@ -26,7 +26,7 @@ from mlwe.agent.loop import Agent, AgentConfig
 from mlwe.agent.model import Mode
 from mlwe.agent.reasoners.base import Reasoner
 from mlwe.agent.simdrive import SimDriver, release_with_checkpoint
-from mlwe.agent.workflows import WorkflowEngine
+from mlwe.agent.workflows import WorkflowRunner
 from mlwe.core.actions import Exited, Submit
 from mlwe.core.backend import StartCommand, Telemetry
 from mlwe.core.cluster import build_control_plane
@@ -228,7 +228,7 @@ def run_world(
     if with_agent:
         # the agent carries preemption and recovery plans through workflows, as in the
         # runtime (there the engine's store keeps them; here they live in memory)
-        flows = WorkflowEngine(cp, scheduler=rec.scheduler)
+        flows = WorkflowRunner(cp, scheduler=rec.scheduler)
         agent = Agent(cp, reasoner=reasoner, mode=mode, workflows=flows,
                       config=AgentConfig(min_interval_s=tick_s))
 

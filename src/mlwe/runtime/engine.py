@@ -80,7 +80,7 @@ from mlwe.store.audit import AuditLog
 from mlwe.store.recovery import Quarantined, StoreWriter, recover
 
 if TYPE_CHECKING:  # the workflows are wired in by mlwe.runtime.wiring, an outer module
-    from mlwe.agent.workflows import WorkflowEngine
+    from mlwe.agent.workflows import WorkflowRunner
 from mlwe.store.repository import Repository
 
 log = logging.getLogger("mlwe.engine")
@@ -175,7 +175,7 @@ class Engine:
         #: Called with each telemetry sample (the agent's monitor).
         self.telemetry_listeners = self.telemetry.listeners
         #: The engine's workflows, once :func:`mlwe.runtime.wiring.attach_workflows` ran.
-        self.workflows: WorkflowEngine | None = None
+        self.workflows: WorkflowRunner | None = None
         self._state_out: list[tuple[Workload, Transition]] = []
         self._calls: deque[Callable[[], None]] = deque()
         self.commits = GroupCommit(self._durably)  # concurrent requests, one flush

@@ -1,6 +1,6 @@
 """Wiring the agent and the workflows into a runtime :class:`~mlwe.runtime.engine.Engine`.
 
-The agent (:mod:`mlwe.agent`) and the workflow engine (:mod:`mlwe.agent.workflows`)
+The agent (:mod:`mlwe.agent`) and the workflow runner (:mod:`mlwe.agent.workflows`)
 know nothing of the runtime, an outer layer: they take a control plane, a lock and
 callables. This module is where they meet an :class:`Engine`, typed:
 
@@ -25,7 +25,7 @@ from typing import Any
 from mlwe.agent.loop import Agent, AgentConfig
 from mlwe.agent.model import Mode
 from mlwe.agent.reasoners.base import Reasoner
-from mlwe.agent.workflows import Alert, Workflow, WorkflowEngine
+from mlwe.agent.workflows import Alert, Workflow, WorkflowRunner
 from mlwe.core.actions import Action
 from mlwe.core.backend import Telemetry
 from mlwe.core.controlplane import ApplyResult
@@ -52,8 +52,8 @@ class EngineProposer:
         )
 
 
-def attach_workflows(engine: Engine, *, actor: str = "workflow") -> WorkflowEngine:
-    """The workflow engine of a runtime engine, loaded from its store and ticked by it.
+def attach_workflows(engine: Engine, *, actor: str = "workflow") -> WorkflowRunner:
+    """The workflow runner of an engine, loaded from its store and ticked by it.
 
     Loaded from the engine's store, so a workflow in flight when an engine stopped
     resumes at its step after ``Engine.open`` on the same data; ticked in
@@ -71,7 +71,7 @@ def attach_workflows(engine: Engine, *, actor: str = "workflow") -> WorkflowEngi
     if engine.workflows is not None:
         return engine.workflows
     with engine.lock:
-        wfe = WorkflowEngine.load(
+        wfe = WorkflowRunner.load(
             engine.cp,
             engine.repo,
             scheduler=engine.scheduler,
@@ -171,7 +171,7 @@ def attach_agent(
             "agent", name, rec, workload=None, correlation_id=rec.get("correlation_id")
         )
 
-    wfe: WorkflowEngine | None = None
+    wfe: WorkflowRunner | None = None
     own_workflows = False
     if workflows:
         own_workflows = engine.workflows is None

@@ -1,6 +1,6 @@
 """Workflow rows (table ``workflows``): one row per workflow, its document as JSON.
 
-The workflow engine (:mod:`mlwe.agent.workflows`) owns what a workflow is and how
+The workflow runner (:mod:`mlwe.agent.workflows`) owns what a workflow is and how
 it advances; this module owns how its rows are written (an upsert by id, inside the
 caller's transaction, so a workflow is stored with the audit records of its tick)
 and read back (oldest first; by status or by id).

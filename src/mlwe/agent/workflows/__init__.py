@@ -19,12 +19,12 @@ definitions ship:
     (the bus's ``dead_letters`` table, as a replayable envelope) and an alert.
 
 Modules: ``model`` (outcomes, steps, definitions, the persisted workflow, what a
-step sees), ``engine`` (the :class:`WorkflowEngine`), one per definition
+step sees), ``runner`` (the :class:`WorkflowRunner`), one per definition
 (``reschedule``, ``recover``).
 
-A :class:`WorkflowEngine` runs them. It has no thread of its own: the runtime
+A :class:`WorkflowRunner` runs them. It has no thread of its own: the runtime
 (or a test driving a bare control plane, simulated backend and reconciler)
-calls :meth:`WorkflowEngine.tick` once per loop, and each running workflow
+calls :meth:`WorkflowRunner.tick` once per loop, and each running workflow
 advances as far as it can without waiting. Steps act only through proposals
 (the control plane verifies them; a rejection is a value the step reacts to)
 and observe the state the backend's events produced. Every proposal carries
@@ -33,12 +33,12 @@ the workflow that caused them.
 
 Persistence (table ``workflows``): the status, the current step and a JSON
 document (parameters, step state, a bounded log) are written after each tick
-(:meth:`WorkflowEngine.flush`), after the control plane's own changes are
+(:meth:`WorkflowRunner.flush`), after the control plane's own changes are
 durable (pass ``writer=`` or call ``flush`` after the store flush), so a stored
 workflow is never ahead of the cluster state. Steps are written as "ensure"
 operations (look first, act only if the effect is missing, go back a step if
 an earlier effect was lost), so a crash anywhere resumes at the right step:
-:meth:`WorkflowEngine.load` rebuilds the engine from the store.
+:meth:`WorkflowRunner.load` rebuilds the runner from the store.
 
 Wiring into the runtime (``mlwe.runtime.Engine``) is
 :func:`mlwe.runtime.wiring.attach_workflows` (``attach_agent``, which ``mlwe serve``
@@ -47,7 +47,7 @@ workflows from the engine's store, so one in flight when the engine stopped
 resumes, and ticks them in the engine's tick hooks (call ``start``/``cancel``
 under ``engine.lock``; the hook already runs under it). By hand it amounts to::
 
-    workflows = WorkflowEngine.load(
+    workflows = WorkflowRunner.load(
         engine.cp, engine.repo, scheduler=engine.scheduler, audit=engine.audit,
         proposer=EngineProposer(engine), autoflush=False)  # mlwe.runtime.wiring
     engine.tick_hooks.append(workflows.tick_hook())  # stores the last tick, then ticks
@@ -66,7 +66,6 @@ nodes, and giving up with a dead letter and an alert.
 
 from __future__ import annotations
 
-from mlwe.agent.workflows.engine import DEFINITIONS, WorkflowEngine
 from mlwe.agent.workflows.model import (
     Alert,
     AuditingProposer,
@@ -88,6 +87,7 @@ from mlwe.agent.workflows.model import (
 )
 from mlwe.agent.workflows.recover import RECOVER, RecoverParams
 from mlwe.agent.workflows.reschedule import RESCHEDULE, RescheduleParams
+from mlwe.agent.workflows.runner import DEFINITIONS, WorkflowRunner
 
 __all__ = [
     "DEFINITIONS",
@@ -110,7 +110,7 @@ __all__ = [
     "Wait",
     "Workflow",
     "WorkflowDefinition",
-    "WorkflowEngine",
     "WorkflowError",
+    "WorkflowRunner",
     "WorkflowStatus",
 ]

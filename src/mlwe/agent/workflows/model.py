@@ -21,7 +21,7 @@ from mlwe.core.controlplane import ApplyResult, ControlPlane
 from mlwe.core.model import Workload
 
 if TYPE_CHECKING:
-    from mlwe.agent.workflows.engine import WorkflowEngine
+    from mlwe.agent.workflows.runner import WorkflowRunner
 
 log = logging.getLogger("mlwe.workflows")
 
@@ -351,7 +351,7 @@ class StepContext:
     and the means to act (``propose``), to place (``placement_for``) and to speak
     (``note``, ``alert``, ``dead_letter``)."""
 
-    def __init__(self, engine: WorkflowEngine, wf: Workflow, params: Any) -> None:
+    def __init__(self, engine: WorkflowRunner, wf: Workflow, params: Any) -> None:
         self.engine = engine
         self.wf = wf
         self.params = params

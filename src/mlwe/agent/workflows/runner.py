@@ -1,4 +1,4 @@
-"""The saga engine: :class:`WorkflowEngine` starts, advances, compensates, cancels,
+"""The saga runner: :class:`WorkflowRunner` starts, advances, compensates, cancels,
 persists and reloads workflows (table ``workflows``), and files dead letters.
 """
 
@@ -52,11 +52,11 @@ from mlwe.store.repository import (
 from mlwe.store.sanitize import sanitize
 from mlwe.store.workflows import save_workflows, workflow_rows
 
-#: The workflows an engine runs unless told otherwise.
+#: The workflows a runner runs unless told otherwise.
 DEFINITIONS: tuple[WorkflowDefinition, ...] = (RESCHEDULE, RECOVER)
 
 
-class WorkflowEngine:
+class WorkflowRunner:
     """Runs workflows tick by tick over one control plane (see the module docstring).
 
     ``proposer``: how steps propose (default: straight to ``cp``);
@@ -591,8 +591,8 @@ class WorkflowEngine:
         return got[0] if got else None
 
     @classmethod
-    def load(cls, cp: ControlPlane, repo: Repository, **kwargs: Any) -> WorkflowEngine:
-        """An engine holding the active workflows stored in ``repo``, resumed where they were.
+    def load(cls, cp: ControlPlane, repo: Repository, **kwargs: Any) -> WorkflowRunner:
+        """A runner holding the active workflows stored in ``repo``, resumed where they were.
 
         A stored workflow that cannot be read (unknown kind, bad parameters,
         corrupt JSON) is left as it is in the store and named in
