@@ -216,14 +216,16 @@ class _ScriptedSimBackend(SimBackend):
 
     crashes: dict[str, tuple[float, int]]
 
-    def _start(self, c: StartCommand) -> None:
-        super()._start(c)
-        run = self._runs.get(c.workload)
+    def on_start(self, c: StartCommand) -> None:
+        run = self.run_of(c.workload)
         crash = self.crashes.get(c.workload)
         if crash is not None and run is not None and run.attempt == c.attempt:
             at, code = crash
-            self.kernel.at(run.t_start + at * self.durations[c.workload], self._crash,
+            self.kernel.at(run.t_start + at * self.durations[c.workload], self._scripted_crash,
                            (c.workload, c.attempt, code))
+
+    def _scripted_crash(self, arg: tuple[str, int, int]) -> None:
+        self.crash(*arg)
 
 
 class SimHarness(Harness):
@@ -261,7 +263,7 @@ class SimHarness(Harness):
     def progress(self, wid: str) -> float:
         # the simulator reports no progress; what its run has done is known here
         assert isinstance(self.backend, SimBackend)
-        run = self.backend._runs.get(wid)
+        run = self.backend.run_of(wid)
         if run is None or run.finished:
             return self.cp.get(wid).progress
         done = run.base_work + max(0.0, self.kernel.clock.t - run.t_start - run.overhead)

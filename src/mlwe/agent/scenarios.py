@@ -25,9 +25,9 @@ from typing import Any
 from mlwe.agent.loop import Agent, AgentConfig
 from mlwe.agent.model import Mode
 from mlwe.agent.reasoners.base import Reasoner
-from mlwe.agent.simdrive import SimDriver, release_with_checkpoint
+from mlwe.agent.simdrive import SimDriver
 from mlwe.agent.workflows import WorkflowRunner
-from mlwe.core.actions import Exited, Submit
+from mlwe.core.actions import Submit
 from mlwe.core.backend import StartCommand, Telemetry
 from mlwe.core.cluster import build_control_plane
 from mlwe.core.controlplane import ControlPlane
@@ -35,7 +35,7 @@ from mlwe.core.lifecycle import State
 from mlwe.core.reconcile import Reconciler
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import ClusterSpec, NodePool, QueueSpec, WorkloadKind, WorkloadSpec
-from mlwe.sim.backend import SimBackend, SimBackendConfig, _Run
+from mlwe.sim.backend import SimBackend, SimBackendConfig, SimRun
 from mlwe.sim.kernel import Kernel
 
 H = 3600.0
@@ -57,7 +57,9 @@ class Truth:
 class WorldBackend(SimBackend):
     """The simulator's backend plus the scenario's truth: OOM kills below the true
     peak, loss curves that diverge, nodes that report ECC errors before failing,
-    memory telemetry, and checkpoint-on-signal for workloads that checkpoint."""
+    memory telemetry, and checkpoint-on-signal for workloads that checkpoint (build
+    it with ``checkpoint_on_signal=True``). It overrides only the simulator's public
+    run-model hooks."""
 
     truth: Truth
 
@@ -69,44 +71,37 @@ class WorldBackend(SimBackend):
             self.fail_node(t_fail, node)
             self.kernel.at(t_err, self._node_sample, node)
         iv = self.config.telemetry_interval_s or 300.0
-        for node in self._nodes:
+        for node in self.nodes:
             if node not in truth.node_degrades:
                 self.kernel.at(self.kernel.clock.t + iv, self._node_sample, node)
 
-    _nodes: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
 
-    def _start(self, c: StartCommand) -> None:
-        super()._start(c)
+    def on_start(self, c: StartCommand) -> None:
         peak = self.truth.peak_memory_mib.get(c.workload)
-        run = self._runs.get(c.workload)
+        run = self.run_of(c.workload)
         if (peak is not None and c.spec.resources.memory < peak and run is not None
                 and run.attempt == c.attempt and not run.finished):
             after = self.truth.oom_after_s.get(c.workload, 600.0)
             self.kernel.at(run.t_start + after, self._oom, (c.workload, c.attempt))
 
     def _oom(self, arg: tuple[str, int]) -> None:
-        run = self._current(*arg)
-        if run is None:
-            return
-        self._end(run)
-        self._emit(Exited(arg[0], arg[1], 137, "oom"))
+        self.crash(arg[0], arg[1], 137, "oom")
 
-    def _release(self, arg: tuple[str, int]) -> None:
-        self._stop_waste(arg[0])
-        if not release_with_checkpoint(self, arg):
-            super()._release(arg)
+    def on_release(self, workload: str, attempt: int) -> None:
+        self._stop_waste(workload)
 
     def _stop_waste(self, wid: str) -> None:
         since = self._diverged_since.pop(wid, None)
-        run = self._runs.get(wid)
+        run = self.run_of(wid)
         if since is not None and run is not None:
             gpus = run.spec.resources.gpu * run.spec.replicas / 1000
             self.wasted_gpu_s += gpus * max(0.0, self.kernel.clock.t - since)
 
-    def _finish(self, arg: tuple[str, int]) -> None:
-        if self._current(*arg) is not None:
-            self._stop_waste(arg[0])
-        super()._finish(arg)
+    def on_finish(self, workload: str, attempt: int) -> bool:
+        if self.current(workload, attempt) is not None:
+            self._stop_waste(workload)
+        return True
 
     def close_waste(self) -> None:
         for wid in list(self._diverged_since):
@@ -114,7 +109,7 @@ class WorldBackend(SimBackend):
 
     def _node_sample(self, node: str) -> None:
         now = self.kernel.clock.t
-        if node in self._down:
+        if self.is_down(node):
             return
         deg = self.truth.node_degrades.get(node)
         errors = 0.0
@@ -124,9 +119,9 @@ class WorldBackend(SimBackend):
                                                           "gpu_temp_c": 62.0 + errors}))
         self.kernel.at(now + (self.config.telemetry_interval_s or 300.0), self._node_sample, node)
 
-    def _metrics(self, run: _Run, now: float) -> dict[str, float]:
+    def sample_metrics(self, run: SimRun, now: float) -> dict[str, float]:
         spec = run.spec
-        rng = self._rng
+        rng = self.rng
         gpus = spec.resources.gpu / 1000
         util = 0.0 if not gpus else min(1.0, 0.55 + 0.4 * rng.random())
         metrics: dict[str, float] = {"gpu_util": util, "cpu_util": 0.3 + 0.6 * rng.random()}
@@ -219,8 +214,8 @@ def run_world(
     cp = build_control_plane(sc.cluster, kernel.clock)
     backend = WorldBackend(kernel, sc.truth.durations,
                            SimBackendConfig(telemetry_interval_s=300.0, eviction_delay_s=5.0,
-                                            seed=seed))
-    backend._nodes = tuple(cp.capacity.node_names())
+                                            seed=seed, checkpoint_on_signal=True))
+    backend.nodes = tuple(cp.capacity.node_names())
     backend.setup(sc.truth)
     rec = Reconciler(cp, Scheduler(), grace_s=30.0)
     drv = SimDriver(kernel, rec, backend)

@@ -11,29 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlwe.core.actions import Released
 from mlwe.core.reconcile import Reconciler
 from mlwe.sim.backend import SimBackend
 from mlwe.sim.kernel import Kernel
-
-
-def release_with_checkpoint(backend: SimBackend, arg: tuple[str, int]) -> bool:
-    """A graceful stop of a workload that checkpoints: it saves its state on the
-    signal (within the grace period), so no work is lost. Returns False when the
-    workload does not checkpoint (the simulator's default then applies: work
-    since the last periodic checkpoint is lost)."""
-    run = backend._current(*arg)
-    if run is None or not run.spec.checkpoint_interval:
-        return False
-    now = backend.kernel.clock.t
-    total = backend.durations[run.workload]
-    done = min(total, run.base_work + max(0.0, now - run.t_start - run.overhead))
-    run.finished = True
-    backend.saved[run.workload] = done
-    est = run.spec.estimated_duration
-    frac = min(1.0, done / est) if est else None
-    backend._emit(Released(run.workload, run.attempt, checkpointed_progress=frac))
-    return True
 
 
 class SimDriver:

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlwe.agent.model import CandidatePlan, Forecast, Hazard, WhatIf
-from mlwe.agent.simdrive import SimDriver, release_with_checkpoint
+from mlwe.agent.simdrive import SimDriver
 from mlwe.agent.triggers import SERVICE_LABEL
-from mlwe.core.actions import Action, AddNode, Exited, SetQueue, Started, Submit
+from mlwe.core.actions import Action, AddNode, SetQueue, Submit
 from mlwe.core.backend import StartCommand
 from mlwe.core.cluster import node_spec_of
 from mlwe.core.controlplane import NOT_ITS_FAULT, ControlPlane
@@ -40,7 +40,7 @@ from mlwe.core.model import Workload
 from mlwe.core.reconcile import Reconciler
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import WorkloadKind, WorkloadSpec
-from mlwe.sim.backend import SimBackend, SimBackendConfig, _Run
+from mlwe.sim.backend import SimBackend, SimBackendConfig, SimRun
 from mlwe.sim.kernel import Kernel
 
 
@@ -107,7 +107,10 @@ def verify_on_fork(cp: ControlPlane, actions: Sequence[Action]) -> tuple[str, ..
 # ===================================================================== backend
 class ForecastBackend(SimBackend):
     """The simulated backend, able to take over runs already in progress and to
-    play the agent's hazards (crash loops, useless runs, hung runs)."""
+    play the agent's hazards (crash loops, useless runs, hung runs). Workloads
+    that checkpoint do so on the stop signal (build it with
+    ``checkpoint_on_signal=True``). It overrides only the simulator's public
+    run-model hooks."""
 
     nodes: set[str]
 
@@ -138,24 +141,20 @@ class ForecastBackend(SimBackend):
 
     def adopt(self, w: Workload, remaining: float) -> None:
         """Take over ``w``'s current run (it runs now on the live backend)."""
-        k = self.kernel
-        now = k.clock.t
+        now = self.kernel.clock.t
         overhead = w.spec.restart_cost if w.run_base_work > 0 else 0.0
         t_start = w.started_at if w.started_at is not None else now
-        run = _Run(w.id, w.attempt, w.spec, tuple(a.node for a in w.placement), t_start,
-                   overhead, w.run_base_work)
-        self._runs[w.id] = run
-        if w.state is State.STARTING:
-            k.at(now, self._emit_cb, Started(w.id, w.attempt))
+        run = self.take_over(w.id, w.attempt, w.spec, tuple(a.node for a in w.placement),
+                             t_start, overhead, w.run_base_work,
+                             confirm_start=w.state is State.STARTING)
         self._arm(run, now + remaining)
 
-    def _start(self, c: StartCommand) -> None:
-        super()._start(c)
-        run = self._runs.get(c.workload)
+    def on_start(self, c: StartCommand) -> None:
+        run = self.run_of(c.workload)
         if run is not None and run.attempt == c.attempt and not run.finished:
             self._arm(run, None)
 
-    def _arm(self, run: _Run, finish_at: float | None) -> None:
+    def _arm(self, run: SimRun, finish_at: float | None) -> None:
         """Schedule the run's end: its natural finish, or what its hazards make of it."""
         k = self.kernel
         hz = self.active(run.workload, run.attempt, run.spec.resources.memory)
@@ -164,39 +163,35 @@ class ForecastBackend(SimBackend):
             self._waste_since[run.workload] = max(k.clock.t, run.t_start)
         if "hang" in kinds:
             # a hung run holds its resources and never finishes (its natural
-            # finish, if _start scheduled one, is ignored)
+            # finish, if the start scheduled one, is ignored)
             self._hung.add((run.workload, run.attempt))
         elif finish_at is not None:
-            k.at(finish_at, self._finish, (run.workload, run.attempt))
+            self.finish_at(finish_at, run.workload, run.attempt)
         crash = [h for h in hz if h.kind == "crash"]
         if crash:
             t = max(k.clock.t, run.t_start + run.overhead + min(h.after_s for h in crash))
             k.at(t, self._hazard_crash, (run.workload, run.attempt, crash[0].cause or "oom"))
 
-    def _finish(self, arg: tuple[str, int]) -> None:
-        if arg in self._hung:
-            return
-        self._account_waste(arg[0])
-        super()._finish(arg)
+    def on_finish(self, workload: str, attempt: int) -> bool:
+        if (workload, attempt) in self._hung:
+            return False
+        self._account_waste(workload)
+        return True
 
     def _hazard_crash(self, arg: tuple[str, int, str]) -> None:
         wid, attempt, cause = arg
-        run = self._current(wid, attempt)
-        if run is None:
+        if self.current(wid, attempt) is None:
             return
         self._account_waste(wid)
-        self._end(run)
-        self._emit(Exited(wid, attempt, 137 if cause == "oom" else 1, cause))
+        self.crash(wid, attempt, 137 if cause == "oom" else 1, cause)
 
-    def _release(self, arg: tuple[str, int]) -> None:
-        if self._current(*arg) is not None:
-            self._account_waste(arg[0])
-        if not release_with_checkpoint(self, arg):
-            super()._release(arg)
+    def on_release(self, workload: str, attempt: int) -> None:
+        if self.current(workload, attempt) is not None:
+            self._account_waste(workload)
 
     def _account_waste(self, wid: str) -> None:
         since = self._waste_since.pop(wid, None)
-        run = self._runs.get(wid)
+        run = self.run_of(wid)
         if since is not None and run is not None:
             gpus = run.spec.resources.gpu * run.spec.replicas / 1000
             self.wasted_gpu_s += gpus * max(0.0, self.kernel.clock.t - since)
@@ -454,7 +449,7 @@ class WhatIfEngine:
         durations: dict[str, float] = {}
         backend = ForecastBackend(
             kernel, durations,
-            SimBackendConfig(eviction_delay_s=cfg.eviction_delay_s),
+            SimBackendConfig(eviction_delay_s=cfg.eviction_delay_s, checkpoint_on_signal=True),
         )
         cleared = set(clears)
         backend.nodes = set(fork.capacity.node_names())

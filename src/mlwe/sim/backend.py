@@ -13,6 +13,15 @@ duration (known here, never to the scheduler):
 - optional synthetic telemetry: utilisation, VRAM, power, and a loss curve per
   training workload.
 Commands are idempotent by request id; every event has a unique id.
+
+Run models (a world with a ground truth, a forecast playing hazards) extend it
+through public hooks only: :meth:`SimBackend.on_start`, :meth:`~SimBackend.on_finish`,
+:meth:`~SimBackend.on_release` and :meth:`~SimBackend.sample_metrics` are called
+at fixed points of a run's life, and :meth:`~SimBackend.current`,
+:meth:`~SimBackend.run_of`, :meth:`~SimBackend.take_over`,
+:meth:`~SimBackend.finish_at`, :meth:`~SimBackend.crash`,
+:meth:`~SimBackend.end_run`, :meth:`~SimBackend.emit`, :meth:`~SimBackend.is_down`
+and :attr:`~SimBackend.rng` are what they may use.
 """
 
 from __future__ import annotations
@@ -40,7 +49,9 @@ from mlwe.sim.kernel import Kernel
 
 
 @dataclass(slots=True)
-class _Run:
+class SimRun:
+    """One attempt of a workload on the simulator (what a run model reads)."""
+
     workload: str
     attempt: int
     spec: WorkloadSpec
@@ -49,6 +60,9 @@ class _Run:
     overhead: float  # restart cost paid before useful work
     base_work: float  # true work saved before this attempt
     finished: bool = False
+
+
+_Run = SimRun  # the former private name
 
 
 @dataclass
@@ -60,6 +74,10 @@ class SimBackendConfig:
     seed: int = 0
     #: the "free" checkpoint model: a stop loses no work and releases at once
     free_preemption: bool = False
+    #: a workload that checkpoints (``checkpoint_interval`` set) saves its state on
+    #: the stop signal, within the grace period: a graceful stop then loses no work
+    #: (off: the work since its last periodic checkpoint is lost)
+    checkpoint_on_signal: bool = False
 
 
 @dataclass
@@ -72,7 +90,7 @@ class SimBackend:
     def __post_init__(self) -> None:
         self._out: list[Event] = []
         self._seen: set[str] = set()
-        self._runs: dict[str, _Run] = {}  # workload -> current run
+        self._runs: dict[str, SimRun] = {}  # workload -> current run
         self.saved: dict[str, float] = {}  # workload -> true work saved in checkpoints
         self.lost_gpu_s = 0.0  # GPU-seconds of work lost to stops and failures
         self.telemetry: list[Telemetry] = []
@@ -104,6 +122,91 @@ class SimBackend:
             if not run.finished:
                 self._end(run)
 
+    # ------------------------------------------------------- run-model hooks
+    # Called by the simulator at fixed points of a run's life; the defaults do
+    # nothing. A subclass overrides these (and only these) to model more.
+    def on_start(self, c: StartCommand) -> None:
+        """After a start command was handled (the run may have been lost at once to a
+        down node: :meth:`run_of` then does not hold an unfinished run of ``c.attempt``)."""
+
+    def on_finish(self, workload: str, attempt: int) -> bool:
+        """When a run's natural end comes due, before it is checked to still be
+        current; return False to ignore it (a run that hangs)."""
+        return True
+
+    def on_release(self, workload: str, attempt: int) -> None:
+        """When a graceful stop's release comes due (the eviction delay has passed),
+        before it is checked to still be current."""
+
+    def sample_metrics(self, run: SimRun, now: float) -> dict[str, float]:
+        """What one telemetry sample of a running workload reports."""
+        spec = run.spec
+        rng = self._rng
+        gpus = spec.resources.gpu / 1000
+        util = 0.0 if not gpus else min(1.0, 0.55 + 0.4 * rng.random())
+        metrics = {
+            "gpu_util": util,
+            "gpu_power_w": 70 + 330 * util if gpus else 0.0,
+            "cpu_util": 0.3 + 0.6 * rng.random(),
+        }
+        if spec.kind in (WorkloadKind.TRAINING, WorkloadKind.FINE_TUNE):
+            work = run.base_work + max(0.0, now - run.t_start - run.overhead)
+            frac = work / max(1.0, self.durations[run.workload])
+            metrics["loss"] = 2.5 * math.exp(-3.0 * frac) + 0.1 + 0.02 * rng.random()
+        return metrics
+
+    # ------------------------------------------------------- run-model tools
+    @property
+    def rng(self) -> random.Random:
+        """The backend's seeded random stream (crashes and telemetry draw from it)."""
+        return self._rng
+
+    def current(self, workload: str, attempt: int) -> SimRun | None:
+        """The run of ``workload``'s ``attempt`` if it is still going, else None."""
+        return self._current(workload, attempt)
+
+    def run_of(self, workload: str) -> SimRun | None:
+        """The latest run of ``workload``, finished or not (None: never run here)."""
+        return self._runs.get(workload)
+
+    def is_down(self, node: str) -> bool:
+        return node in self._down
+
+    def emit(self, fact: Fact) -> None:
+        """Report ``fact`` now (the next :meth:`poll` returns it)."""
+        self._emit(fact)
+
+    def end_run(self, run: SimRun) -> float:
+        """Stop ``run``'s clock: returns the true work saved, counts the work lost."""
+        return self._end(run)
+
+    def crash(self, workload: str, attempt: int, code: int, cause: str = "error") -> bool:
+        """Crash the attempt now if it is still going (an ``Exited`` with ``code`` and
+        ``cause``); False if it was not."""
+        run = self._current(workload, attempt)
+        if run is None:
+            return False
+        self._end(run)
+        self._emit(Exited(workload, attempt, code, cause))
+        return True
+
+    def finish_at(self, t: float, workload: str, attempt: int) -> None:
+        """Schedule the attempt's natural end (success) at ``t``."""
+        self.kernel.at(t, self._finish, (workload, attempt))
+
+    def take_over(self, workload: str, attempt: int, spec: WorkloadSpec, nodes: tuple[str, ...],
+                  t_start: float, overhead: float, base_work: float, *,
+                  confirm_start: bool = False) -> SimRun:
+        """Hold a run already in progress elsewhere (a forecast's fork of live state).
+        Nothing is scheduled for its end: the caller does that (:meth:`finish_at`).
+        ``confirm_start``: report it ``Started`` now (it was still starting)."""
+        run = SimRun(workload, attempt, spec, nodes, t_start, overhead, base_work)
+        self._runs[workload] = run
+        if confirm_start:
+            k = self.kernel
+            k.at(k.clock.t, self._emit_cb, Started(workload, attempt))
+        return run
+
     # ------------------------------------------------------------------ events
     def _emit(self, fact: Fact) -> None:
         self._n += 1
@@ -125,6 +228,7 @@ class SimBackend:
         )
         if any(n in self._down for n in run.nodes):
             k.at(now, self._emit_cb, Exited(c.workload, c.attempt, -1, "node-lost"))
+            self.on_start(c)
             return
         self._runs[c.workload] = run
         k.at(run.t_start, self._emit_cb, Started(c.workload, c.attempt))
@@ -137,6 +241,7 @@ class SimBackend:
             k.at(run.t_start + wall, self._finish, (c.workload, c.attempt))
         if self.config.telemetry_interval_s:
             k.at(run.t_start, self._sample, (c.workload, c.attempt))
+        self.on_start(c)
 
     @staticmethod
     def _checkpoint_time(spec: WorkloadSpec, work: float) -> float:
@@ -145,13 +250,15 @@ class SimBackend:
             return 0.0
         return math.floor(work / iv) * spec.checkpoint_cost
 
-    def _current(self, wid: str, attempt: int) -> _Run | None:
+    def _current(self, wid: str, attempt: int) -> SimRun | None:
         run = self._runs.get(wid)
         if run is None or run.attempt != attempt or run.finished:
             return None
         return run
 
     def _finish(self, arg: tuple[str, int]) -> None:
+        if not self.on_finish(*arg):
+            return
         run = self._current(*arg)
         if run is None:
             return
@@ -160,14 +267,9 @@ class SimBackend:
         self._emit(Exited(run.workload, run.attempt, 0))
 
     def _crash(self, arg: tuple[str, int, int]) -> None:
-        wid, attempt, code = arg
-        run = self._current(wid, attempt)
-        if run is None:
-            return
-        self._end(run)
-        self._emit(Exited(wid, attempt, code, "error"))
+        self.crash(*arg)
 
-    def _work_saved(self, run: _Run, now: float) -> float:
+    def _work_saved(self, run: SimRun, now: float) -> float:
         """True work that survives stopping ``run`` now (periodic checkpoints only)."""
         spec = run.spec
         elapsed = max(0.0, now - run.t_start - run.overhead)
@@ -179,7 +281,7 @@ class SimBackend:
         n = math.floor(elapsed / (iv + spec.checkpoint_cost))
         return min(self.durations[run.workload], run.base_work + n * iv)
 
-    def _end(self, run: _Run) -> float:
+    def _end(self, run: SimRun) -> float:
         """Stop the run's clock; returns true work saved and counts the lost work."""
         now = self.kernel.clock.t
         run.finished = True
@@ -202,6 +304,9 @@ class SimBackend:
         k.at(k.clock.t + delay, self._release, (c.workload, c.attempt))
 
     def _release(self, arg: tuple[str, int]) -> None:
+        self.on_release(*arg)
+        if self.config.checkpoint_on_signal and self._release_on_signal(arg):
+            return
         run = self._current(*arg)
         if run is None:
             return  # it finished or crashed inside the grace period
@@ -214,6 +319,22 @@ class SimBackend:
         self._emit(
             Released(run.workload, run.attempt, checkpointed_progress=frac, checkpointed_work_s=work)
         )
+
+    def _release_on_signal(self, arg: tuple[str, int]) -> bool:
+        """A graceful stop of a workload that checkpoints: it saves its state on the
+        signal, so no work is lost. False when it does not checkpoint (or is gone)."""
+        run = self._current(*arg)
+        if run is None or not run.spec.checkpoint_interval:
+            return False
+        now = self.kernel.clock.t
+        total = self.durations[run.workload]
+        done = min(total, run.base_work + max(0.0, now - run.t_start - run.overhead))
+        run.finished = True
+        self.saved[run.workload] = done
+        est = run.spec.estimated_duration
+        frac = min(1.0, done / est) if est else None
+        self._emit(Released(run.workload, run.attempt, checkpointed_progress=frac))
+        return True
 
     # -------------------------------------------------------------- node faults
     def fail_node(self, t: float, node: str, down_for: float | None = None) -> None:
@@ -239,26 +360,9 @@ class SimBackend:
         if run is None:
             return
         now = self.kernel.clock.t
-        metrics = self._metrics(run, now)
+        metrics = self.sample_metrics(run, now)
         for node in dict.fromkeys(run.nodes):
             self.telemetry.append(Telemetry(now, node, run.workload, metrics))
         iv = self.config.telemetry_interval_s
         if iv:
             self.kernel.at(now + iv, self._sample, arg)
-
-    def _metrics(self, run: _Run, now: float) -> dict[str, float]:
-        """What one sample of a running workload reports (subclasses model more)."""
-        spec = run.spec
-        rng = self._rng
-        gpus = spec.resources.gpu / 1000
-        util = 0.0 if not gpus else min(1.0, 0.55 + 0.4 * rng.random())
-        metrics = {
-            "gpu_util": util,
-            "gpu_power_w": 70 + 330 * util if gpus else 0.0,
-            "cpu_util": 0.3 + 0.6 * rng.random(),
-        }
-        if spec.kind in (WorkloadKind.TRAINING, WorkloadKind.FINE_TUNE):
-            work = run.base_work + max(0.0, now - run.t_start - run.overhead)
-            frac = work / max(1.0, self.durations[run.workload])
-            metrics["loss"] = 2.5 * math.exp(-3.0 * frac) + 0.1 + 0.02 * rng.random()
-        return metrics
