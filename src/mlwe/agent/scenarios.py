@@ -25,7 +25,6 @@ from typing import Any
 from mlwe.agent.loop import Agent, AgentConfig
 from mlwe.agent.model import Mode
 from mlwe.agent.reasoners.base import Reasoner
-from mlwe.agent.simdrive import SimDriver
 from mlwe.agent.workflows import WorkflowRunner
 from mlwe.core.actions import Submit
 from mlwe.core.backend import StartCommand, Telemetry
@@ -36,6 +35,7 @@ from mlwe.core.reconcile import Reconciler
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import ClusterSpec, NodePool, QueueSpec, WorkloadKind, WorkloadSpec
 from mlwe.sim.backend import SimBackend, SimBackendConfig, SimRun
+from mlwe.sim.driver import Driver
 from mlwe.sim.kernel import Kernel
 
 H = 3600.0
@@ -218,7 +218,8 @@ def run_world(
     backend.nodes = tuple(cp.capacity.node_names())
     backend.setup(sc.truth)
     rec = Reconciler(cp, Scheduler(), grace_s=30.0)
-    drv = SimDriver(kernel, rec, backend)
+    # the hooks (the agent's tick) propose actions: one more step after them
+    drv = Driver(kernel, rec, backend, restep_after_hooks=True)
     agent = None
     if with_agent:
         # the agent carries preemption and recovery plans through workflows, as in the

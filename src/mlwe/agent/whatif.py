@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlwe.agent.model import CandidatePlan, Forecast, Hazard, WhatIf
-from mlwe.agent.simdrive import SimDriver
 from mlwe.agent.triggers import SERVICE_LABEL
 from mlwe.core.actions import Action, AddNode, SetQueue, Submit
 from mlwe.core.backend import StartCommand
@@ -41,6 +40,7 @@ from mlwe.core.reconcile import Reconciler
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import WorkloadKind, WorkloadSpec
 from mlwe.sim.backend import SimBackend, SimBackendConfig, SimRun
+from mlwe.sim.driver import Driver
 from mlwe.sim.kernel import Kernel
 
 
@@ -474,7 +474,7 @@ class WhatIfEngine:
         rec = Reconciler(fork, self.scheduler_factory(), grace_s=cfg.grace_s,
                          retry_base_s=cfg.retry_base_s)
         rec.resume()
-        drv = SimDriver(kernel, rec, backend, pause=self.pause)
+        drv = Driver(kernel, rec, backend, before_step=self.pause)
         drv.start()
         end = t0 + horizon_s
 

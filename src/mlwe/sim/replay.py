@@ -16,6 +16,7 @@ from mlwe.core.reconcile import Reconciler
 from mlwe.sim.backend import SimBackend, SimBackendConfig
 from mlwe.sim.baselines import POLICY_PLACEMENT, POLICY_SEMANTICS, make_policy
 from mlwe.sim.checkpoint import DEFAULT_CHECKPOINT, CheckpointModel
+from mlwe.sim.driver import Driver
 from mlwe.sim.kernel import Kernel
 from mlwe.sim.metrics import Metrics
 from mlwe.sim.traces import Trace, TraceJob
@@ -94,44 +95,30 @@ def replay(trace: Trace, config: ReplayConfig | None = None) -> ReplayResult:
     for job in trace.jobs:
         kernel.at(job.submit_time, submit, job)
 
-    wakeups: set[float] = set()
     full_checks = [0]
 
-    def noop(_: Any) -> None:
-        return None
-
-    # a policy that acts by time alone (a LAS demotion) names its next moment
-    policy_wakeup = getattr(scheduler, "next_wakeup", None)
-    policy_wakeups: set[float] = set()
-
-    def wake(_: Any) -> None:
-        rec.dirty = True
-
-    def on_quiet(t: float) -> None:
-        while True:
-            rec.handle(backend.poll())
-            commands = rec.step(cause_id=None)
-            if not commands:
-                break
-            backend.send(commands)
-            if kernel.peek() <= t:
-                return  # events at this same moment first; we come back after them
+    def full_check(_t: float) -> None:
         if cfg.full_check_every and rec.cycles and rec.cycles % cfg.full_check_every == 0:
             full_checks[0] += 1
             cp.assert_valid()
-        nxt = rec.next_wakeup()
-        if nxt is not None and nxt > t and nxt not in wakeups:
-            wakeups.add(nxt)
-            kernel.at(nxt, noop)
-        due = policy_wakeup(cp) if policy_wakeup is not None else None
-        if due is not None and due > t and due not in policy_wakeups:
-            policy_wakeups.add(due)
-            kernel.at(due, wake)
-        if cfg.progress is not None:
-            cfg.progress(t, len(metrics.jobs), kernel.events)
+
+    def progress(t: float) -> None:
+        assert cfg.progress is not None
+        cfg.progress(t, len(metrics.jobs), kernel.events)
+
+    # a policy that acts by time alone (a LAS demotion) names its next moment
+    policy_wakeup = getattr(scheduler, "next_wakeup", None)
+    # observers only (no hook proposes anything): no second step after them
+    drv = Driver(
+        kernel, rec, backend,
+        after_step=[h for h, on in ((full_check, cfg.full_check_every),
+                                    (progress, cfg.progress is not None)) if on],
+        restep_after_hooks=False,
+        scheduler_wakeup=None if policy_wakeup is None else lambda: policy_wakeup(cp),
+    )
 
     wall0 = time.perf_counter()
-    kernel.run(on_quiet=on_quiet)
+    drv.run()
     wall = time.perf_counter() - wall0
     if cfg.check_invariants:
         cp.assert_valid()
