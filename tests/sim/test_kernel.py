@@ -88,3 +88,27 @@ def test_bench_kernel_reports_figures() -> None:
     assert r["events"] == 20_000
     assert r["events_per_s"] > 0 and r["chain_events_per_s"] > 0
     assert math.isfinite(r["wall_s"])
+
+
+def test_step_runs_one_distinct_time_then_the_hook() -> None:
+    k = Kernel()
+    log: list[Any] = []
+    for t in (1.0, 1.0, 2.0):
+        k.at(t, log.append, t)
+    assert k.step(on_quiet=lambda t: log.append(("quiet", t))) == 2
+    assert log == [1.0, 1.0, ("quiet", 1.0)]
+    assert k.clock.now() == 1.0 and k.events == 2
+    assert k.step() == 1 and k.clock.now() == 2.0 and k.events == 3
+    assert k.step() == 0 and k.clock.now() == 2.0
+
+
+def test_paced_run_gives_the_same_order_and_clock_as_an_unpaced_one() -> None:
+    def world(pace: float | None) -> tuple[list[Any], float, int]:
+        k = Kernel()
+        log: list[Any] = []
+        for t in (0.0, 0.01, 0.01, 0.02):
+            k.at(t, log.append, t)
+        k.run(until=0.05, on_quiet=lambda t: log.append(("quiet", t)), pace=pace)
+        return log, k.clock.now(), k.events
+
+    assert world(1.0) == world(None)

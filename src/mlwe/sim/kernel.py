@@ -2,7 +2,7 @@
 
 Same inputs, same order, every run: ties in time break by priority, then by
 the order events were scheduled. The clock is the kernel's own; nothing here
-reads the wall clock except optional pacing for live demos.
+reads the wall clock except :func:`run_paced`, the optional pacing for live demos.
 """
 
 from __future__ import annotations
@@ -57,6 +57,29 @@ class Kernel:
     def __len__(self) -> int:
         return len(self._heap)
 
+    def step(self, on_quiet: Callable[[float], None] | None = None) -> int:
+        """Run every event at the earliest pending time ``t`` (the clock moves there),
+        then ``on_quiet(t)``; returns how many events ran (0: nothing was pending)."""
+        n = self._step(on_quiet)
+        self.events += n
+        return n
+
+    def _step(self, on_quiet: Callable[[float], None] | None) -> int:
+        heap = self._heap
+        if not heap:
+            return 0
+        pop = heapq.heappop
+        t = heap[0][0]
+        self.clock.t = t
+        n = 0
+        while heap and heap[0][0] == t:
+            _, _, _, fn, arg = pop(heap)
+            fn(arg)
+            n += 1
+        if on_quiet is not None:
+            on_quiet(t)
+        return n
+
     def run(
         self,
         until: float = math.inf,
@@ -64,13 +87,17 @@ class Kernel:
         pace: float | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> None:
-        """Run events up to ``until``. ``pace``: simulated seconds per wall second."""
+        """Run events up to ``until``. ``pace``: simulated seconds per wall second
+        (see :func:`run_paced`)."""
+        if pace:
+            run_paced(self, pace, until, on_quiet, stop)
+            return
         heap = self._heap
-        pop = heapq.heappop
         clock = self.clock
-        if on_quiet is None and pace is None and stop is None:
+        if on_quiet is None and stop is None:
+            pop = heapq.heappop
             n = 0
-            while heap:  # the fast path: no per-time hook, no pacing
+            while heap:  # the fast path: no per-time hook
                 item = pop(heap)
                 if item[0] > until:
                     heapq.heappush(heap, item)
@@ -82,28 +109,42 @@ class Kernel:
                 clock.t = until
             self.events += n
             return
-        wall0 = time.monotonic()
-        sim0 = clock.t
+        step = self._step
         n = 0
         while heap and heap[0][0] <= until:
-            t = heap[0][0]
-            if pace:
-                lag = (t - sim0) / pace - (time.monotonic() - wall0)
-                if lag > 0:
-                    time.sleep(min(lag, 1.0))
-                    continue
-            clock.t = t
-            while heap and heap[0][0] == t:
-                _, _, _, fn, arg = pop(heap)
-                fn(arg)
-                n += 1
-            if on_quiet is not None:
-                on_quiet(t)
+            n += step(on_quiet)
             if stop is not None and stop():
                 break
-        if until != math.inf and clock.t < until and not (stop is not None and stop()):
-            clock.t = until
+        self._end_run(until, n, stop)
+
+    def _end_run(self, until: float, n: int, stop: Callable[[], bool] | None) -> None:
+        if until != math.inf and self.clock.t < until and not (stop is not None and stop()):
+            self.clock.t = until
         self.events += n
+
+
+def run_paced(
+    kernel: Kernel,
+    pace: float,
+    until: float = math.inf,
+    on_quiet: Callable[[float], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> None:
+    """:meth:`Kernel.run` held to the wall clock, ``pace`` simulated seconds per wall
+    second (live demos): the same steps, each one waiting until the wall clock has
+    caught up with its time (the way SimPy's ``RealtimeEnvironment`` wraps its core)."""
+    wall0 = time.monotonic()
+    sim0 = kernel.clock.t
+    n = 0
+    while len(kernel) and kernel.peek() <= until:
+        lag = (kernel.peek() - sim0) / pace - (time.monotonic() - wall0)
+        if lag > 0:
+            time.sleep(min(lag, 1.0))
+            continue
+        n += kernel._step(on_quiet)
+        if stop is not None and stop():
+            break
+    kernel._end_run(until, n, stop)
 
 
 def bench_kernel(n: int = 1_000_000, seed: int = 0) -> dict[str, float]:
