@@ -20,7 +20,7 @@ from mlwe.agent.strategies import (
     oom_target_memory,
 )
 from mlwe.agent.triggers import Context
-from mlwe.agent.whatif import WhatIfEngine
+from mlwe.agent.whatif import WhatIfForecaster
 from mlwe.core import (
     ControlPlane,
     Evict,
@@ -44,7 +44,7 @@ def ctx(cp: ControlPlane) -> Context:
 
 
 def verified(cp: ControlPlane, actions: object) -> None:
-    assert WhatIfEngine(cp).verify(actions) == ()  # type: ignore[arg-type]
+    assert WhatIfForecaster(cp).verify(actions) == ()  # type: ignore[arg-type]
 
 
 def test_reprioritise_raises_just_above_the_cheapest_holders(sla: tuple[ControlPlane, ManualClock]) -> None:

@@ -8,7 +8,7 @@ from mlwe.agent.codec import AGENT_ACTION_KINDS, ActionError, action_from_dict, 
 from mlwe.agent.model import CandidatePlan
 from mlwe.agent.telemetry import TelemetryWindow
 from mlwe.agent.tools import TOOL_SPECS, AgentTools
-from mlwe.agent.whatif import WhatIfEngine, state_digest
+from mlwe.agent.whatif import WhatIfForecaster, state_digest
 from mlwe.core import (
     Cancel,
     ControlPlane,
@@ -30,7 +30,7 @@ def tools_for(cp: ControlPlane, **kw: object) -> AgentTools:
     plan = CandidatePlan("raise", "reprioritise", ("f",),
                          (SetPriority("ft", 51), Preempt("train-0", "ft"), Preempt("train-1", "ft")),
                          "raise ft and preempt two")
-    return AgentTools(cp, candidates=[plan], forecaster=WhatIfEngine(cp), **kw)  # type: ignore[arg-type]
+    return AgentTools(cp, candidates=[plan], forecaster=WhatIfForecaster(cp), **kw)  # type: ignore[arg-type]
 
 
 def test_the_five_tools_are_described() -> None:

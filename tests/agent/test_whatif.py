@@ -4,7 +4,7 @@ tell a better plan from a worse one."""
 from __future__ import annotations
 
 from mlwe.agent.model import CandidatePlan, Hazard
-from mlwe.agent.whatif import WhatIfConfig, WhatIfEngine, fork_state, state_digest
+from mlwe.agent.whatif import WhatIfConfig, WhatIfForecaster, fork_state, state_digest
 from mlwe.core import (
     Cancel,
     ControlPlane,
@@ -37,7 +37,7 @@ def test_forecasts_leave_the_live_state_untouched(sla: tuple[ControlPlane, Manua
     cp, _ = sla
     before = state_digest(cp)
     calls = _count_listener_calls(cp)
-    engine = WhatIfEngine(cp, config=WhatIfConfig(check_forecast_invariants=True),
+    engine = WhatIfForecaster(cp, config=WhatIfConfig(check_forecast_invariants=True),
                           hazards=lambda: [Hazard("train-0", "waste")])
     good = plan(SetPriority("ft", 51), Preempt("train-0", "ft"), Preempt("train-1", "ft"))
     bad = plan(Preempt("train-0", "ft"), pid="bad")
@@ -84,7 +84,7 @@ def test_a_fork_keeps_each_nodes_status(sla: tuple[ControlPlane, ManualClock]) -
 
 def test_a_plan_that_saves_a_deadline_scores_better(sla: tuple[ControlPlane, ManualClock]) -> None:
     cp, _ = sla
-    r = WhatIfEngine(cp).what_if(
+    r = WhatIfForecaster(cp).what_if(
         plan(SetPriority("ft", 51), Preempt("train-0", "ft"), Preempt("train-1", "ft")))
     assert r.plan.verified and r.better
     assert r.nothing.kpis["deadlines_missed"] == 1 and r.plan.kpis["deadlines_missed"] == 0
@@ -94,14 +94,14 @@ def test_a_plan_that_saves_a_deadline_scores_better(sla: tuple[ControlPlane, Man
 
 def test_an_unverifiable_plan_is_not_better(sla: tuple[ControlPlane, ManualClock]) -> None:
     cp, _ = sla
-    r = WhatIfEngine(cp).what_if(plan(Preempt("train-0", "ft")))  # equal priority: illegal
+    r = WhatIfForecaster(cp).what_if(plan(Preempt("train-0", "ft")))  # equal priority: illegal
     assert not r.plan.verified and not r.better
     assert any("priority rule" in x for x in r.plan.rejections)
 
 
 def test_a_pointless_plan_is_not_better(sla: tuple[ControlPlane, ManualClock]) -> None:
     cp, _ = sla
-    r = WhatIfEngine(cp).what_if(plan(Evict("train-3", "for nothing")))
+    r = WhatIfForecaster(cp).what_if(plan(Evict("train-3", "for nothing")))
     assert r.plan.verified and not r.better
 
 
@@ -115,7 +115,7 @@ def test_hazards_crash_loop_and_its_cure() -> None:
 
     ok(cp.apply([Exited("etl", cp.get("etl").attempt, 137, "oom")]))
     hz = [Hazard("etl", "crash", after_s=300, cause="oom", cleared_by_memory=24 * 1024)]
-    engine = WhatIfEngine(cp, hazards=lambda: hz)
+    engine = WhatIfForecaster(cp, hazards=lambda: hz)
     fix = plan(SetResources("etl", ReplicaResources.model_validate({"cpu": 8, "memory": "32Gi"})), Retry("etl"))
     r = engine.what_if(fix)
     assert r.nothing.kpis["failed"] == 1 and r.plan.kpis["failed"] == 0
@@ -128,7 +128,7 @@ def test_hazards_crash_loop_and_its_cure() -> None:
 
 def test_waste_hazard_makes_stopping_a_useless_run_better(sla: tuple[ControlPlane, ManualClock]) -> None:
     cp, _ = sla
-    engine = WhatIfEngine(cp, hazards=lambda: [Hazard("train-0", "waste", cause="diverged")])
+    engine = WhatIfForecaster(cp, hazards=lambda: [Hazard("train-0", "waste", cause="diverged")])
     r = engine.what_if(plan(Cancel("train-0", "diverged")))
     # the cancelled run holds its GPUs only while it stops (the eviction delay)
     assert r.plan.kpis["wasted_gpu_s"] < 0.01 * r.nothing.kpis["wasted_gpu_s"]
@@ -141,7 +141,7 @@ def test_a_snapshot_forecasts_as_the_live_state_would_and_stays_put(
     """The agent copies the state under the lock, then forecasts on the copy with no lock:
     the same forecast as on the live state at that version, untouched by later changes."""
     cp, _ = sla
-    engine = WhatIfEngine(cp, hazards=lambda: [Hazard("train-0", "waste")])
+    engine = WhatIfForecaster(cp, hazards=lambda: [Hazard("train-0", "waste")])
     good = plan(SetPriority("ft", 51), Preempt("train-0", "ft"), Preempt("train-1", "ft"))
     live = engine.what_if(good)
     snap = engine.snapshot()

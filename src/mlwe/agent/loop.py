@@ -3,7 +3,7 @@
 One *round* of the agent: the monitor takes in telemetry and lifecycle
 events; the triggers whose schedule is due look for findings; for each
 finding (most severe first) the strategies build candidate plans, the
-reasoner chooses one and explains itself, the what-if engine plays the plan
+reasoner chooses one and explains itself, the what-if forecaster plays the plan
 and doing nothing forward on a fork of the state, and a plan that is
 verified and better is executed according to the mode:
 
@@ -68,7 +68,7 @@ from mlwe.agent.strategies import Strategy, default_strategies, hazards_for
 from mlwe.agent.telemetry import TelemetryWindow
 from mlwe.agent.tools import AgentTools
 from mlwe.agent.triggers import AnalyzeConfig, Analyzer, Context, Trigger, default_triggers
-from mlwe.agent.whatif import Snapshot, WhatIfConfig, WhatIfEngine, YieldGil
+from mlwe.agent.whatif import Snapshot, WhatIfConfig, WhatIfForecaster, YieldGil
 from mlwe.agent.workflows import WorkflowError, WorkflowRunner
 from mlwe.core.actions import Action
 from mlwe.core.backend import Telemetry
@@ -257,7 +257,7 @@ class Agent:
         self.analyzer = Analyzer(triggers if triggers is not None else default_triggers(), cp.now())
         self.strategies = list(strategies if strategies is not None else default_strategies())
         self._hazards: list[Hazard] = []
-        self.whatif = WhatIfEngine(cp, config=self.config.forecast,
+        self.whatif = WhatIfForecaster(cp, config=self.config.forecast,
                                    scheduler_factory=scheduler_factory,
                                    hazards=lambda: self._hazards,
                                    arrivals=self.arrival_pattern)

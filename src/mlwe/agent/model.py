@@ -1,7 +1,7 @@
 """The agent's vocabulary: findings, candidate plans, forecasts, reasoning traces.
 
 Plain frozen values shared by every part of the loop (triggers produce
-findings, strategies produce candidate plans, the what-if engine produces
+findings, strategies produce candidate plans, the what-if forecaster produces
 forecasts, reasoners produce choices with traces). Every one of them turns
 into JSON with ``to_dict()`` so it can be audited, stored and streamed.
 """
@@ -85,7 +85,7 @@ class Finding:
 class Hazard:
     """What the agent believes will happen to a workload if nothing changes.
 
-    The what-if engine plays hazards forward: a ``crash`` hazard fails every
+    The what-if forecaster plays hazards forward: a ``crash`` hazard fails every
     attempt after ``after_s`` seconds of running (an out-of-memory loop, say)
     unless the plan removes it; a ``waste`` hazard marks a run whose GPU time
     produces nothing of value (a diverged loss); a ``hang`` hazard is a run

@@ -1,7 +1,7 @@
 """The soak: N deliberations of a reasoner through the real agent loop, measured.
 
 It runs the scenario worlds (:mod:`mlwe.agent.scenarios`: real control plane,
-scheduler, reconciler, what-if engine and workflows on the simulator) one
+scheduler, reconciler, what-if forecaster and workflows on the simulator) one
 after another, round-robin, the seed rising each cycle, until the reasoner has
 deliberated ``n`` times (a deliberation: one ``choose`` call, i.e. one
 conversation with the model). The run in which the budget is spent goes on to

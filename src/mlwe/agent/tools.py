@@ -43,7 +43,7 @@ from mlwe.core.scheduler import Scheduler
 
 
 class Forecaster(Protocol):
-    """What the tools need of the what-if engine (:class:`mlwe.agent.whatif.WhatIfEngine`)."""
+    """What the tools need of the what-if forecaster (:class:`mlwe.agent.whatif.WhatIfForecaster`)."""
 
     def what_if(self, plan: CandidatePlan, horizon_s: float | None = None) -> WhatIf: ...
 
@@ -238,7 +238,7 @@ class AgentTools:
     """The tool functions over one control plane; records every call for the trace.
 
     ``candidates``: the plans the strategies built for the situation at hand
-    (so ``plan_id`` arguments resolve); ``forecaster``: the what-if engine
+    (so ``plan_id`` arguments resolve); ``forecaster``: the what-if forecaster
     (without one, ``what_if`` and ``propose`` report that no forecast is
     available). ``max_calls`` bounds a reasoner that loops.
     """
@@ -387,7 +387,7 @@ class AgentTools:
     ) -> dict[str, Any]:
         plan = self._plan_from(plan_id, actions)
         if self.forecaster is None:
-            raise ToolError("no what-if engine is attached to these tools")
+            raise ToolError("no what-if forecaster is attached to these tools")
         result = self.forecaster.what_if(plan, horizon_s)
         self.forecasts[plan.id] = result
         self._log("what_if", {"plan_id": plan_id, "actions": actions, "horizon_s": horizon_s},

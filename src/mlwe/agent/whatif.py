@@ -3,7 +3,7 @@
 :func:`fork_state` copies the live control plane's nodes, queues and
 workloads into a fresh control plane on a simulator clock (the live one is
 only read; a test checks its :func:`state_digest` is unchanged). The
-:class:`WhatIfEngine` then runs the real scheduler and reconciler against a
+:class:`WhatIfForecaster` then runs the real scheduler and reconciler against a
 :class:`ForecastBackend` (the simulator's backend, taking over what runs now)
 for a horizon, twice: once with the plan's actions applied to the fork (the
 fork's control plane verifies them, exactly as the live one would), once with
@@ -328,8 +328,8 @@ class Snapshot:
     arrivals: tuple[tuple[float, WorkloadSpec], ...] = ()
 
 
-# ====================================================================== engine
-class WhatIfEngine:
+# ================================================================== forecaster
+class WhatIfForecaster:
     """Forks the live state and plays futures on it; implements the tools' Forecaster.
 
     Without ``base``, each call forks the live control plane (the caller holds
@@ -571,9 +571,9 @@ class YieldGil:
 
 
 class SnapshotForecaster:
-    """The what-if engine bound to one :class:`Snapshot` (the tools' Forecaster)."""
+    """The what-if forecaster bound to one :class:`Snapshot` (the tools' Forecaster)."""
 
-    def __init__(self, engine: WhatIfEngine, base: Snapshot) -> None:
+    def __init__(self, engine: WhatIfForecaster, base: Snapshot) -> None:
         self.engine = engine
         self.base = base
 
@@ -604,7 +604,7 @@ __all__ = [
     "Snapshot",
     "SnapshotForecaster",
     "WhatIfConfig",
-    "WhatIfEngine",
+    "WhatIfForecaster",
     "YieldGil",
     "fork_state",
     "state_digest",
