@@ -104,14 +104,21 @@ def test_inference_scaling(tmp_path: Path) -> None:
         for wid in replicas:  # each replica a workload of the inference queue
             w = repo.workload(wid)
             assert w is not None and w.spec.queue == QUEUE
-        for wid in fail["lost"]:  # requeued because its node was lost, then ran again
-            hist = [(t.target.value, t.reason) for t in repo.history(wid)]
-            lost = next(i for i, (s, why) in enumerate(hist) if "node-lost" in why)
-            assert ("running" in [s for s, _ in hist[lost:]]), hist
         audit = AuditLog(repo.engine)
         scale = [e.data() for e in audit.show(kind="proposal", limit=None)
                  if e.actor == "supervisor:inference-scaler"]
         assert scale and all(p["accepted"] for p in scale)
+        scaled_down = {a["workload"] for p in scale for a in p["actions"]
+                       if a["action"] == "Cancel"}
+        for wid in fail["lost"]:
+            # requeued because its node was lost (not lost with it), then ran again; or,
+            # when traffic fell first, a scale-down cancelled it while it waited (what a
+            # scale-down cancels first), which a loaded machine makes likely
+            hist = [(t.target.value, t.reason) for t in repo.history(wid)]
+            lost = next(i for i, (s, why) in enumerate(hist) if "node-lost" in why)
+            after = [s for s, _ in hist[lost + 1:]]
+            assert after[:1] == ["pending"], hist
+            assert "running" in after or (after[-1] == "cancelled" and wid in scaled_down), hist
         kinds = [{a["action"] for a in p["actions"]} for p in scale]
         assert kinds.count({"Submit"}) == len(ups)  # every scale-up submitted its replicas
         # a scale-down cancels at once what it can (a replica waiting for a retry later)
