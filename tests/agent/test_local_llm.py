@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -333,13 +332,20 @@ threading.Event().wait(900)
 """
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
+def _exits_within(pid: int, timeout_s: float) -> bool:
+    """True once ``pid`` has exited, waited on as a condition (a pidfd becomes readable
+    when its process ends), within ``timeout_s``."""
+    import select
+
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        return bool(ready)
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
@@ -356,13 +362,10 @@ def test_the_server_does_not_outlive_its_owner(local_llm: LocalModelServer, sig:
         line = owner.stdout.readline()  # the owner prints the pid once its server answers
         assert line.strip().isdigit(), f"the owner did not start its server: {line!r}"
         pid = int(line)
-        assert _alive(pid)
+        assert not _exits_within(pid, 0)
         owner.send_signal(getattr(signal, sig))
         owner.wait(timeout=60)
-        deadline = time.monotonic() + 60
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)  # polling a condition: the orphan gone
-        assert not _alive(pid), f"the server {pid} outlived its owner killed by {sig}"
+        assert _exits_within(pid, 60), f"the server {pid} outlived its owner killed by {sig}"
     finally:
         if owner.poll() is None:
             owner.kill()
