@@ -33,12 +33,13 @@ from mlwe.core.controlplane import (
     InvariantViolation,
     Rejection,
 )
+from mlwe.core.cycle import Plan
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import TRANSITIONS, IllegalTransition, State, Transition
 from mlwe.core.model import Queue, Workload
 from mlwe.core.policies.deadline import DeadlineStatus, DeadlineVerdict, deadline_admission
 from mlwe.core.resources import Resources
-from mlwe.core.scheduler import Plan, Scheduler, SchedulerConfig
+from mlwe.core.scheduler import Scheduler, SchedulerConfig
 from mlwe.core.spec import (
     DEFAULT_PRIORITY_CLASSES,
     ClusterSpec,

@@ -8,15 +8,25 @@ decision records that explain them. ``run_cycle`` hands the plan to
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mlwe.core.actions import Action, Place, Preempt
 from mlwe.core.capacity import FULL, CapacityIndex, ReplicaAlloc, Shape
 from mlwe.core.controlplane import ApplyResult, ControlPlane
+from mlwe.core.cycle import (
+    Cycle,
+    Plan,
+    Reservation,
+    Turn,
+    can_stop_early,
+    dominated,
+    hold,
+    request_of,
+)
 from mlwe.core.decisions import DecisionRecord, digest
 from mlwe.core.estimator import RuntimeEstimator
+from mlwe.core.gain import gain_choice
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import (
@@ -31,7 +41,6 @@ from mlwe.core.policies.ordering import (
     PriorityDeadlineFairShare,
     SizeAware,
     attained,
-    slack,
 )
 from mlwe.core.policies.placement import BestFit, PlacementPolicy
 from mlwe.core.policies.preemption import (
@@ -40,9 +49,9 @@ from mlwe.core.policies.preemption import (
     VictimChoice,
     describe_choice,
 )
-from mlwe.core.resources import format_duration, format_gpu
+from mlwe.core.records import place_record, why_waiting
 from mlwe.core.rules import quota_verdict
-from mlwe.core.spec import NodeStatus, WorkloadSpec
+from mlwe.core.spec import WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,124 +83,6 @@ class SchedulerConfig:
     #: this share of the preemptor's GPUs x the time to the victim's next
     #: checkpoint; otherwise the scheduler wakes then and looks again
     gain_wait_share: float = 0.1
-
-
-@dataclass(slots=True)
-class Reservation:
-    workload: str
-    start: float
-    nodes: frozenset[str]
-
-
-@dataclass(slots=True)
-class Plan:
-    version: int
-    actions: list[Action] = field(default_factory=list)
-    decisions: list[DecisionRecord] = field(default_factory=list)
-    pending: dict[str, str] = field(default_factory=dict)
-    reservation: Reservation | None = None
-    considered: int = 0
-    #: workloads not examined because nothing further could start
-    stopped_early: int = 0
-
-
-#: a shape that did not fit this cycle: (shape, replicas, kept off reserved nodes)
-_FitKey = tuple[Shape, int, bool]
-#: a victim search that found nothing: (shape, replicas, priority, queue, kept off)
-_VictimKey = tuple[Shape, int, int, str, bool]
-#: a GPU shape that did not fit: (models, gpu, cpu, ram, replicas, kept off)
-_Dominator = tuple[tuple[str, ...], int, int, int, int, bool]
-
-
-@dataclass(slots=True)
-class _Cycle:
-    """What one cycle decides on and has decided so far (the plan's working state)."""
-
-    cp: ControlPlane
-    plan: Plan
-    cause_id: str | None
-    now: float
-    order: list[Workload]
-    fork: CapacityIndex
-    #: per-queue usage, including what this cycle placed
-    usage: dict[str, list[int]]
-    #: whether the cycle may stop once no GPU is free (see _can_stop_early)
-    can_stop: bool
-    gain_on: bool
-    failed: set[_FitKey] = field(default_factory=set)
-    #: shapes that did not fit this cycle: a larger one of the same models cannot
-    #: fit either (capacity only shrinks within a cycle)
-    dominated: list[_Dominator] = field(default_factory=list)
-    #: workloads already chosen as victims in this cycle
-    taken: set[str] = field(default_factory=set)
-    no_victims: set[_VictimKey] = field(default_factory=set)
-    failed_searches: int = 0
-    gain_searches: int = 0
-    reservation: Reservation | None = None
-    #: the first blocked workload: backfill must not delay it
-    head: Workload | None = None
-    #: whether the head's reservation was projected in this cycle
-    projected: bool = False
-    #: whether something was placed ahead of the head (its cached reservation is stale)
-    dirty: bool = False
-
-
-@dataclass(slots=True)
-class _Turn:
-    """One workload's turn in a cycle."""
-
-    w: Workload
-    rank: int
-    models: tuple[str, ...]
-    shape: Shape
-    #: nodes it must keep off (the head's reservation)
-    exclude: frozenset[str]
-
-    @property
-    def replicas(self) -> int:
-        return self.w.spec.replicas
-
-    def fit_key(self) -> _FitKey:
-        return (self.shape, self.replicas, bool(self.exclude))
-
-
-def _can_stop_early(cp: ControlPlane, order: Sequence[Workload], preemption: bool) -> bool:
-    """Whether the cycle may stop once nothing further can start: all waiting work
-    asks for GPUs, no cohort could reclaim quota, and no preemption is possible
-    (nobody waiting ranks above the lowest holder)."""
-    return (
-        bool(order)
-        and all(w.spec.resources.gpu for w in order)
-        and not any(q.cohort for q in cp.queues.values())
-        and (
-            not preemption
-            or max(w.priority for w in order)
-            <= min(cp.holding_by_priority, default=1 << 62)
-        )
-    )
-
-
-def _dominated(
-    dominated: Sequence[_Dominator], shape: Shape, replicas: int, excluded: bool
-) -> bool:
-    """Whether a shape at least as large, of the same models, already failed to fit
-    (only plain GPU shapes compare: selectors and VRAM asks are not ordered)."""
-    return any(
-        dm == shape.models and dx == excluded and shape.gpu >= dg
-        and shape.cpu >= dc and shape.ram >= dr and replicas >= dn
-        and not shape.selector and not shape.vram
-        for dm, dg, dc, dr, dn, dx in dominated
-    )
-
-
-def _shape_text(shape: Shape, replicas: int, model: str | None) -> str:
-    parts = []
-    if shape.gpu:
-        parts.append(f"{format_gpu(shape.gpu)} x {model or 'GPU'}")
-    parts.append(f"{shape.cpu / 1000:g} cpu")
-    parts.append(f"{shape.ram // 1024} GiB")
-    text = ", ".join(parts)
-    return f"{replicas} x [{text}]" if replicas > 1 else text
 
 
 class Scheduler:
@@ -318,7 +209,7 @@ class Scheduler:
 
     def _snapshot(
         self, cp: ControlPlane, plan: Plan, queued: list[Workload], cause_id: str | None
-    ) -> _Cycle:
+    ) -> Cycle:
         """Phase 2: the queue in policy order, a capacity fork and per-queue usage to
         decide on, and the cycle-wide switches (may the cycle stop early, is gain
         preemption on)."""
@@ -327,7 +218,7 @@ class Scheduler:
         order = self.ordering.order(queued, cp.queues, self.total_gpu(cp), now)
         fork = cp.capacity.fork()
         usage = {n: list(q.usage) for n, q in cp.queues.items()}
-        return _Cycle(
+        return Cycle(
             cp=cp,
             plan=plan,
             cause_id=cause_id,
@@ -335,11 +226,11 @@ class Scheduler:
             order=order,
             fork=fork,
             usage=usage,
-            can_stop=_can_stop_early(cp, order, cfg.preemption),
+            can_stop=can_stop_early(cp, order, cfg.preemption),
             gain_on=cfg.gain_preemption and cfg.preemption and self.estimator is not None,
         )
 
-    def _turn(self, cycle: _Cycle, rank: int, w: Workload) -> bool:
+    def _turn(self, cycle: Cycle, rank: int, w: Workload) -> bool:
         """Phase 3: one workload's turn; True ends the cycle (nothing further may start).
 
         a. waiting for its victims to release: keep their room, nothing else;
@@ -358,7 +249,7 @@ class Scheduler:
         if w.spec.resources.gpu and not models:
             cycle.plan.pending[w.id] = "no node in the cluster has a GPU model it accepts"
             return False
-        turn = _Turn(w, rank, models, shape, self._reserved_for_others(cycle, w))
+        turn = Turn(w, rank, models, shape, self._reserved_for_others(cycle, w))
         # c. fit, then admit (or wait on quota)
         allocs = self._try_fit(cycle, turn)
         if allocs is not None:
@@ -377,7 +268,7 @@ class Scheduler:
         # f. wait
         return self._wait(cycle, turn)
 
-    def _waits_for_victims(self, cycle: _Cycle, w: Workload) -> bool:
+    def _waits_for_victims(self, cycle: Cycle, w: Workload) -> bool:
         """Phase 3a: a preemptor whose victims still checkpoint keeps the room it
         planned (in the fork) and waits; True if so."""
         if not w.victims:
@@ -389,10 +280,10 @@ class Scheduler:
         cycle.plan.pending[w.id] = (
             f"waiting for {len(live)} victim(s) to release: {', '.join(live)}"
         )
-        _hold(cycle.fork, self._nominated.get(w.id, ()), cp, live)
+        hold(cycle.fork, self._nominated.get(w.id, ()), cp, live)
         return True
 
-    def _reserved_for_others(self, cycle: _Cycle, w: Workload) -> frozenset[str]:
+    def _reserved_for_others(self, cycle: Cycle, w: Workload) -> frozenset[str]:
         """The nodes ``w`` must keep off: the head's reserved nodes, unless ``w`` is
         expected to finish before the head's reserved start (EASY backfill)."""
         res = cycle.reservation
@@ -400,7 +291,7 @@ class Scheduler:
             return res.nodes
         return frozenset()
 
-    def _project_head(self, cycle: _Cycle, turn: _Turn) -> None:
+    def _project_head(self, cycle: Cycle, turn: Turn) -> None:
         """Project the blocked head's reservation, once per cycle and only when some
         later workload could pass it (the projection is costly); the current
         workload then keeps off the reserved nodes unless it ends before."""
@@ -413,7 +304,7 @@ class Scheduler:
             cycle.plan.pending[head.id] += f"; holds a reservation on {nodes}"
             turn.exclude = self._reserved_for_others(cycle, turn.w)
 
-    def _try_fit(self, cycle: _Cycle, turn: _Turn) -> tuple[ReplicaAlloc, ...] | None:
+    def _try_fit(self, cycle: Cycle, turn: Turn) -> tuple[ReplicaAlloc, ...] | None:
         """Phase 3c: a placement on the fork, or None. Shapes known not to fit this
         cycle (or dominated by one that did not) are not searched again; the first
         workload that could pass the blocked head triggers the head's reservation
@@ -423,7 +314,7 @@ class Scheduler:
             key not in cycle.failed
             and cycle.dominated
             and turn.shape.gpu
-            and _dominated(cycle.dominated, turn.shape, turn.replicas, bool(turn.exclude))
+            and dominated(cycle.dominated, turn.shape, turn.replicas, bool(turn.exclude))
         ):
             cycle.failed.add(key)
         if key in cycle.failed:
@@ -448,11 +339,11 @@ class Scheduler:
                 )
         return allocs
 
-    def _admit(self, cycle: _Cycle, turn: _Turn, allocs: tuple[ReplicaAlloc, ...]) -> None:
+    def _admit(self, cycle: Cycle, turn: Turn, allocs: tuple[ReplicaAlloc, ...]) -> None:
         """Phase 3c: place ``allocs`` if the queue's quota allows (counting what this
         cycle already placed); otherwise give them back and wait on the quota."""
         w, fork, plan = turn.w, cycle.fork, cycle.plan
-        req = _sum(allocs)
+        req = request_of(allocs)
         qreasons, borrowing = quota_verdict(cycle.cp.queues, cycle.usage, w.queue, req)
         if qreasons:
             for a in reversed(allocs):
@@ -464,15 +355,15 @@ class Scheduler:
         plan.actions.append(Place(w.id, allocs))
         self._nominated.pop(w.id, None)
         plan.decisions.append(
-            self._place_record(
-                cycle.cp, w, turn.shape, allocs, turn.rank, len(cycle.order), cycle.now,
+            place_record(
+                self.ordering, self.placement.name, self.name, cycle.cp, w, turn.shape, allocs, turn.rank, len(cycle.order), cycle.now,
                 borrowing, cycle.reservation, cycle.cause_id,
             )
         )
 
-    def _nothing_more_can_start(self, cycle: _Cycle) -> bool:
+    def _nothing_more_can_start(self, cycle: Cycle) -> bool:
         """Phase 3d: whether the rest of the queue can be skipped: stopping is allowed
-        (see :func:`_can_stop_early`), no gain search is left, no GPU is free."""
+        (see :func:`can_stop_early`), no gain search is left, no GPU is free."""
         cfg = self.config
         return (
             cycle.can_stop
@@ -480,11 +371,11 @@ class Scheduler:
             and not cycle.fork.has_free_gpu()
         )
 
-    def _stop_early(self, cycle: _Cycle, turn: _Turn) -> None:
+    def _stop_early(self, cycle: Cycle, turn: Turn) -> None:
         """Phase 3d: this workload waits for room; the rest wait for a free GPU
         (unless they already carry a reason) and are counted as not examined."""
         plan = cycle.plan
-        plan.pending[turn.w.id] = self._why_waiting(
+        plan.pending[turn.w.id] = why_waiting(
             turn.w, turn.shape, turn.models, turn.exclude, cycle.reservation
         )
         for rest in cycle.order[turn.rank + 1 :]:
@@ -492,7 +383,7 @@ class Scheduler:
                 plan.pending[rest.id] = "no room: no free GPU in the cluster"
         plan.stopped_early = len(cycle.order) - turn.rank - 1
 
-    def _preempt_by_priority(self, cycle: _Cycle, turn: _Turn) -> bool:
+    def _preempt_by_priority(self, cycle: Cycle, turn: Turn) -> bool:
         """Phase 3e: evict lower-priority (or quota-borrowing) work for ``w``; True if
         a victim set was chosen. Searches that found nothing are remembered per
         shape and bounded per cycle; a set the quota forbids is dropped unless it
@@ -514,7 +405,7 @@ class Scheduler:
             cycle.no_victims.add(pkey)
             cycle.failed_searches += 1
             return False
-        qreasons, _ = quota_verdict(cp.queues, cycle.usage, w.queue, _sum(choice.allocs))
+        qreasons, _ = quota_verdict(cp.queues, cycle.usage, w.queue, request_of(choice.allocs))
         reclaim = any(why.value == "reclaim" for _, why in choice.victims)
         if qreasons and not reclaim:
             return False
@@ -524,15 +415,17 @@ class Scheduler:
         )
         return True
 
-    def _preempt_for_gain(self, cycle: _Cycle, turn: _Turn) -> bool:
+    def _preempt_for_gain(self, cycle: Cycle, turn: Turn) -> bool:
         """Phase 3e: evict equal-priority work expected to run much longer (see
-        :meth:`_gain_choice`); bounded per cycle. True if a victim set was chosen."""
+        :func:`mlwe.core.gain.gain_choice`); bounded per cycle. True if a victim set was chosen."""
         if not cycle.gain_on or cycle.gain_searches >= self.config.max_gain_searches:
             return False
         cycle.gain_searches += 1
-        got = self._gain_choice(
-            cycle.cp, cycle.fork, turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now
+        got, wake = gain_choice(
+            self.config, self.remaining, self.preemption,
+            cycle.cp, cycle.fork, turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now,
         )
+        self._wake_at = min(self._wake_at, wake)
         if got is None:
             return False
         choice, gain, cost, why_gain = got
@@ -546,8 +439,8 @@ class Scheduler:
 
     def _evict_for(
         self,
-        cycle: _Cycle,
-        turn: _Turn,
+        cycle: Cycle,
+        turn: Turn,
         choice: VictimChoice,
         policy: str,
         lead: tuple[str, ...],
@@ -562,7 +455,7 @@ class Scheduler:
             cycle.taken.add(v.id)
         planned = frozenset(a.node for a in choice.allocs)
         self._nominated[w.id] = planned
-        _hold(cycle.fork, planned, cp, [v.id for v, _ in choice.victims])
+        hold(cycle.fork, planned, cp, [v.id for v, _ in choice.victims])
         plan.decisions.append(
             DecisionRecord(
                 kind="preempt",
@@ -578,12 +471,12 @@ class Scheduler:
         )
         plan.pending[w.id] = pending
 
-    def _wait(self, cycle: _Cycle, turn: _Turn) -> bool:
+    def _wait(self, cycle: Cycle, turn: Turn) -> bool:
         """Phase 3f: record why ``w`` waits; under strict order everything after it
         waits behind it (True: the cycle ends); with backfill the first workload
         that waits becomes the head whose reservation later ones must respect."""
         cfg, plan, w = self.config, cycle.plan, turn.w
-        plan.pending[w.id] = self._why_waiting(
+        plan.pending[w.id] = why_waiting(
             w, turn.shape, turn.models, turn.exclude, cycle.reservation
         )
         if cfg.strict_order:
@@ -627,155 +520,12 @@ class Scheduler:
         self._reservation_cache = (w.id, cp.holding_epoch, proj.start, res)
         return res
 
-    def _gain_choice(
-        self,
-        cp: ControlPlane,
-        fork: CapacityIndex,
-        w: Workload,
-        shape: Shape,
-        taken: set[str],
-        exclude: frozenset[str],
-        now: float,
-    ) -> tuple[VictimChoice, float, float, str] | None:
-        """Victims of ``w``'s own priority worth evicting for it, or None.
-
-        A victim qualifies when it is expected to run ``gain_ratio`` times longer
-        than ``w`` and longer than ``w`` plus what evicting it costs (work since
-        its last checkpoint, its restore, its checkpoint pause); the core adds the
-        minimum quantum and the bound on preemptions. The set is taken only if the
-        expected gain, in GPU-seconds (each victim's GPUs x the time by which ``w``
-        is shorter), exceeds the cost (each victim's GPUs x its cost, plus a gang
-        penalty for each broken gang)."""
-        ratio = self.config.gain_ratio
-        quantum = self.config.gain_prior_s
-
-        def expect(x: Workload) -> float:
-            # learned (or the user's) remaining time; with neither, the heavy-tail
-            # prior of least-attained-service: as long again as it has run, and at
-            # least a quantum
-            r = self.remaining(x, now)
-            return r if r is not None else max(attained(x, now), quantum)
-
-        r_p = expect(w)
-
-        def cost_of(v: Workload) -> float:
-            return v.work_at_risk(now) + v.spec.restart_cost + v.spec.checkpoint_cost
-
-        g_p = max(w.gpus(), 1e-3)
-        share = self.config.gain_wait_share
-
-        def worth(v: Workload) -> bool:
-            r_v = expect(v)
-            if not (r_v >= ratio * r_p and r_v > r_p + cost_of(v)):
-                return False
-            iv = v.spec.checkpoint_interval
-            if iv:
-                # evict now, losing the work since its last checkpoint, or wait for
-                # its next one (delaying the preemptor): now only if the loss is
-                # small against the wait
-                since = v.work_at_risk(now)
-                wait = max(0.0, iv + v.spec.checkpoint_cost - since)
-                if max(v.gpus(), 1e-3) * since > share * g_p * wait:
-                    self._wake_at = min(self._wake_at, now + wait + 1e-6)
-                    return False
-            return True
-
-        select = getattr(self.preemption, "select", None)
-        if select is None:
-            return None
-        try:
-            choice = select(cp, fork, w, shape, taken, exclude, equals=worth)
-        except TypeError:
-            return None  # a victim policy that knows no "equals"
-        if choice is None:
-            return None
-        gain = cost = 0.0
-        for v, _ in choice.victims:
-            r_v = expect(v)
-            g = max(v.gpus(), 1e-3)
-            gain += g * (r_v - r_p)
-            cost += g * cost_of(v) + (3600.0 if v.spec.replicas > 1 else 0.0)
-        if gain <= cost:
-            return None
-        why = (
-            f"preemption among equals: expected gain {gain / 3600:.2f} GPU-h > cost"
-            f" {cost / 3600:.2f} GPU-h ({w.id} expects {format_duration(r_p)} left)"
-        )
-        return choice, gain, cost, why
-
     def _ends_before(self, w: Workload, now: float, t: float) -> bool:
         """Whether ``w`` is expected to be done by ``t`` (backfill may then use the
         reserved nodes): by the user's estimate, else the learned one; never for
         work nobody can estimate."""
         rem = self.remaining(w, now)
         return rem is not None and now + rem <= t
-
-    def _why_waiting(
-        self,
-        w: Workload,
-        shape: Shape,
-        models: Sequence[str],
-        exclude: frozenset[str],
-        reservation: Reservation | None,
-    ) -> str:
-        what = _shape_text(shape, w.spec.replicas, "/".join(models) if models else None)
-        text = f"no room for {what}"
-        if exclude and reservation is not None:
-            text += f" outside the nodes reserved for {reservation.workload}"
-        return text
-
-    def _place_record(
-        self,
-        cp: ControlPlane,
-        w: Workload,
-        shape: Shape,
-        allocs: tuple[ReplicaAlloc, ...],
-        rank: int,
-        n: int,
-        now: float,
-        borrowing: bool,
-        reservation: Reservation | None,
-        cause_id: str | None,
-    ) -> DecisionRecord:
-        nodes = list(dict.fromkeys(a.node for a in allocs))
-        model = cp.capacity.info(nodes[0]).gpu_model
-        why = [
-            f"placed {_shape_text(shape, w.spec.replicas, model)} on {', '.join(nodes[:8])}"
-            + (f" (+{len(nodes) - 8} more)" if len(nodes) > 8 else "")
-        ]
-        s = slack(w, now)
-        order_why = f"rank {rank + 1}/{n} by {self.ordering.name} (priority {w.priority}"
-        if s != INF:
-            order_why += f", slack {format_duration(s)}"
-        why.append(order_why + ")")
-        explain = getattr(self.ordering, "explain", None)
-        if explain is not None:
-            why.append(f"ranked by {explain(w, now)}")
-        if shape.gpu:
-            left = cp.capacity.whole_free_gpus(nodes[0]) - (
-                sum(len(a.devices) for a in allocs if a.node == nodes[0])
-                if shape.gpu >= FULL
-                else 0
-            )
-            why.append(
-                f"{self.placement.name}: leaves {max(0, left)} whole GPU(s) free on {nodes[0]}"
-            )
-        if borrowing:
-            why.append(f"borrows idle quota from cohort {cp.queues[w.queue].cohort}")
-        if reservation is not None:
-            why.append(f"backfilled: does not delay {reservation.workload}'s reservation")
-        if w.attempt:
-            why.append(f"attempt {w.attempt + 1}, resumes from {w.work_done:.0f}s of saved work")
-        return DecisionRecord(
-            kind="place",
-            workload=w.id,
-            policy=f"{self.name}/{self.placement.name}",
-            chosen=",".join(nodes),
-            reasons=tuple(why),
-            candidates=tuple(cp.capacity.info(x).gpu_model or "cpu" for x in nodes[:1]),
-            inputs_digest=digest(cp.version, w.id, shape, rank),
-            cause_id=cause_id,
-        )
 
     # -------------------------------------------------------------------- cycle
     def run_cycle(self, cp: ControlPlane, cause_id: str | None = None) -> ApplyResult:
@@ -785,33 +535,6 @@ class Scheduler:
             cp.note_pending(plan.pending, self.name, cause_id)
         return result
 
-
-def _hold(
-    fork: CapacityIndex, planned: Iterable[str], cp: ControlPlane, victims: Sequence[str]
-) -> None:
-    """Keep what a preemptor waits for: nothing ranked after it may take room on the
-    nodes it plans to use, nor on its victims' nodes (in this cycle's fork only),
-    while the victims checkpoint. Without this, lower-priority work fills the gap
-    (a gang's replica planned on free room, say) and the preemptor evicts again."""
-    nodes = set(planned)
-    for vid in victims:
-        nodes.update(a.node for a in cp.workloads[vid].placement)
-    for node in sorted(nodes):
-        if fork.status(node) is NodeStatus.READY:
-            fork.set_status(node, NodeStatus.CORDONED)
-
-
-
-
-def _sum(allocs: Sequence[ReplicaAlloc]) -> list[int]:
-    out = [0, 0, 0, 0]
-    for a in allocs:
-        r = a.res
-        out[0] += r.gpu
-        out[1] += r.vram
-        out[2] += r.cpu
-        out[3] += r.ram
-    return out
 
 
 def default_scheduler(name: str = "mlwe-default") -> Scheduler:

@@ -1,0 +1,85 @@
+"""What the scheduler writes down: why a workload waits, and the decision record
+of a placement (the rank, the ordering's reason, what the placement leaves free).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mlwe.core.capacity import FULL, ReplicaAlloc, Shape
+from mlwe.core.controlplane import ControlPlane
+from mlwe.core.cycle import Reservation, shape_text
+from mlwe.core.decisions import DecisionRecord, digest
+from mlwe.core.model import Workload
+from mlwe.core.policies.deadline import INF
+from mlwe.core.policies.ordering import OrderingPolicy, slack
+from mlwe.core.resources import format_duration
+
+
+def why_waiting(
+    w: Workload,
+    shape: Shape,
+    models: Sequence[str],
+    exclude: frozenset[str],
+    reservation: Reservation | None,
+) -> str:
+    what = shape_text(shape, w.spec.replicas, "/".join(models) if models else None)
+    text = f"no room for {what}"
+    if exclude and reservation is not None:
+        text += f" outside the nodes reserved for {reservation.workload}"
+    return text
+
+def place_record(
+    ordering: OrderingPolicy,
+    placement_name: str,
+    scheduler_name: str,
+    cp: ControlPlane,
+    w: Workload,
+    shape: Shape,
+    allocs: tuple[ReplicaAlloc, ...],
+    rank: int,
+    n: int,
+    now: float,
+    borrowing: bool,
+    reservation: Reservation | None,
+    cause_id: str | None,
+) -> DecisionRecord:
+    nodes = list(dict.fromkeys(a.node for a in allocs))
+    model = cp.capacity.info(nodes[0]).gpu_model
+    why = [
+        f"placed {shape_text(shape, w.spec.replicas, model)} on {', '.join(nodes[:8])}"
+        + (f" (+{len(nodes) - 8} more)" if len(nodes) > 8 else "")
+    ]
+    s = slack(w, now)
+    order_why = f"rank {rank + 1}/{n} by {ordering.name} (priority {w.priority}"
+    if s != INF:
+        order_why += f", slack {format_duration(s)}"
+    why.append(order_why + ")")
+    explain = getattr(ordering, "explain", None)
+    if explain is not None:
+        why.append(f"ranked by {explain(w, now)}")
+    if shape.gpu:
+        left = cp.capacity.whole_free_gpus(nodes[0]) - (
+            sum(len(a.devices) for a in allocs if a.node == nodes[0])
+            if shape.gpu >= FULL
+            else 0
+        )
+        why.append(
+            f"{placement_name}: leaves {max(0, left)} whole GPU(s) free on {nodes[0]}"
+        )
+    if borrowing:
+        why.append(f"borrows idle quota from cohort {cp.queues[w.queue].cohort}")
+    if reservation is not None:
+        why.append(f"backfilled: does not delay {reservation.workload}'s reservation")
+    if w.attempt:
+        why.append(f"attempt {w.attempt + 1}, resumes from {w.work_done:.0f}s of saved work")
+    return DecisionRecord(
+        kind="place",
+        workload=w.id,
+        policy=f"{scheduler_name}/{placement_name}",
+        chosen=",".join(nodes),
+        reasons=tuple(why),
+        candidates=tuple(cp.capacity.info(x).gpu_model or "cpu" for x in nodes[:1]),
+        inputs_digest=digest(cp.version, w.id, shape, rank),
+        cause_id=cause_id,
+    )
