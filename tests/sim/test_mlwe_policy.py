@@ -86,3 +86,34 @@ def test_placements_say_which_estimate_ranked_them(contended: Trace) -> None:
     learned = [x for x in ranked if "past run" in x and "Gittins" in x]
     assert learned, ranked[:5]
     assert any("least attained service (no history)" in x for x in ranked)
+
+
+def test_a_skipped_gain_search_would_have_found_nothing(
+    contended: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler skips a gain search when no holder passes the victim test's
+    preemptor-independent part (could_gain); every skip is checked against the
+    full search, which must find no victim set either."""
+    from mlwe.core import scheduler as sched
+    from mlwe.core.gain import gain_choice
+
+    skipped: list[str] = []
+    searched: list[str] = []
+    original = sched.Scheduler._could_gain
+
+    def checked(self: sched.Scheduler, cycle: sched.Cycle, w: object) -> bool:
+        possible = original(self, cycle, w)  # type: ignore[arg-type]
+        if not possible:
+            got, _ = gain_choice(
+                self.config, self.remaining, self.preemption, cycle.cp, cycle.fork.fork(),
+                w, *self.shape_for(cycle.cp, w)[1:], set(cycle.taken), frozenset(), cycle.now,
+            )  # type: ignore[arg-type]
+            assert got is None, f"skipped a gain search that finds {got}"
+            skipped.append(w.id)  # type: ignore[attr-defined]
+        else:
+            searched.append(w.id)  # type: ignore[attr-defined]
+        return possible
+
+    monkeypatch.setattr(sched.Scheduler, "_could_gain", checked)
+    run(contended)
+    assert skipped and searched  # both paths were taken

@@ -64,6 +64,13 @@ class Cycle:
     #: whether the cycle may stop once no GPU is free (see can_stop_early)
     can_stop: bool
     gain_on: bool
+    #: whether some queue is in a cohort (quota may be reclaimed)
+    cohorts: bool = False
+    #: per priority, what a gain search reads of the holders it may evict
+    #: (:func:`mlwe.core.gain.gain_candidates`; once per cycle, when a search asks)
+    gain_candidates: dict[int, list[tuple[float, float, float, float]]] = field(
+        default_factory=dict
+    )
     failed: set[FitKey] = field(default_factory=set)
     #: shapes that did not fit this cycle: a larger one of the same models cannot
     #: fit either (capacity only shrinks within a cycle)

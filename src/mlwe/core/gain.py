@@ -13,14 +13,98 @@ from mlwe.core.controlplane import ControlPlane
 from mlwe.core.model import Workload
 from mlwe.core.policies.deadline import INF
 from mlwe.core.policies.ordering import attained
-from mlwe.core.policies.preemption import PreemptionPolicy, VictimChoice
+from mlwe.core.policies.preemption import EVICTABLE, PreemptionPolicy, VictimChoice
 from mlwe.core.resources import format_duration
+from mlwe.core.rules import GAIN_MAX_PREEMPTIONS, GAIN_MIN_QUANTUM_S, preemptible
 
 if TYPE_CHECKING:
     from mlwe.core.scheduler import SchedulerConfig
 
 #: victims, expected gain and cost (GPU-seconds), and the reason text
 GainChoice = tuple[VictimChoice, float, float, str]
+
+
+def expected_left(
+    remaining: Callable[[Workload, float], float | None], x: Workload, now: float, prior_s: float
+) -> float:
+    """What gain decisions take as ``x``'s remaining run time: the learned (or the
+    user's) estimate; with neither, the heavy-tail prior of least attained service
+    (as long again as it has run, and at least ``prior_s``)."""
+    r = remaining(x, now)
+    return r if r is not None else max(attained(x, now), prior_s)
+
+
+#: what a gain search needs of one possible victim: its expected remaining run,
+#: that less its eviction cost, its GPUs x the work it would lose now, and the
+#: time to its next checkpoint (0.0 when it has no checkpoint interval)
+Candidate = tuple[float, float, float, float]
+
+
+def gain_candidates(
+    cfg: SchedulerConfig,
+    remaining: Callable[[Workload, float], float | None],
+    cp: ControlPlane,
+    priority: int,
+    now: float,
+) -> list[Candidate]:
+    """The holders of ``priority`` that a gain preemption may evict at all
+    (evictable, not protected, past the minimum quantum, under the bound on
+    preemptions), reduced to what :func:`gain_choice`'s test reads of them; the
+    preemptor-independent part of that test, computed once per cycle so that a
+    search nobody can pass is skipped without scanning nodes (:func:`could_gain`)."""
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    workloads = cp.workloads
+    for ids in cp.on_node.values():
+        for wid in ids:
+            if wid in seen:
+                continue
+            seen.add(wid)
+            v = workloads[wid]
+            if (
+                v.priority != priority
+                or v.state not in EVICTABLE
+                or v.preemptions >= GAIN_MAX_PREEMPTIONS
+                or v.runtime(now) < GAIN_MIN_QUANTUM_S
+                or preemptible(v, now) is not None
+            ):
+                continue
+            r_v = expected_left(remaining, v, now, cfg.gain_prior_s)
+            iv = v.spec.checkpoint_interval
+            since = v.work_at_risk(now) if iv else 0.0
+            wait = max(0.0, iv + v.spec.checkpoint_cost - since) if iv else 0.0
+            out.append((r_v, r_v - cost_of(v, now), max(v.gpus(), 1e-3) * since, wait))
+    return out
+
+
+def could_gain(
+    cfg: SchedulerConfig,
+    remaining: Callable[[Workload, float], float | None],
+    w: Workload,
+    candidates: list[Candidate],
+    now: float,
+) -> tuple[bool, float]:
+    """Whether some candidate passes :func:`gain_choice`'s test of a victim for
+    ``w`` (a necessary condition of a search finding anything), and the earliest
+    moment one passed over for the work it would lose becomes cheap (INF: none),
+    which the search itself would have reported."""
+    r_p = expected_left(remaining, w, now, cfg.gain_prior_s)
+    floor = cfg.gain_ratio * r_p
+    budget = cfg.gain_wait_share * max(w.gpus(), 1e-3)
+    wake = INF
+    for r_v, net, loss, wait in candidates:
+        if r_v >= floor and net > r_p:
+            if loss > budget * wait:
+                wake = min(wake, now + wait + 1e-6)
+                continue
+            return True, wake
+    return False, wake
+
+
+def cost_of(v: Workload, now: float) -> float:
+    """What evicting ``v`` now costs it, in seconds: the work since its last
+    checkpoint, its restore and its checkpoint pause."""
+    return v.work_at_risk(now) + v.spec.restart_cost + v.spec.checkpoint_cost
 
 
 def gain_choice(
@@ -52,23 +136,16 @@ def gain_choice(
     quantum = cfg.gain_prior_s
 
     def expect(x: Workload) -> float:
-        # learned (or the user's) remaining time; with neither, the heavy-tail
-        # prior of least-attained-service: as long again as it has run, and at
-        # least a quantum
-        r = remaining(x, now)
-        return r if r is not None else max(attained(x, now), quantum)
+        return expected_left(remaining, x, now, quantum)
 
     r_p = expect(w)
-
-    def cost_of(v: Workload) -> float:
-        return v.work_at_risk(now) + v.spec.restart_cost + v.spec.checkpoint_cost
 
     g_p = max(w.gpus(), 1e-3)
     share = cfg.gain_wait_share
 
     def worth(v: Workload) -> bool:
         r_v = expect(v)
-        if not (r_v >= ratio * r_p and r_v > r_p + cost_of(v)):
+        if not (r_v >= ratio * r_p and r_v > r_p + cost_of(v, now)):
             return False
         iv = v.spec.checkpoint_interval
         if iv:
@@ -96,7 +173,7 @@ def gain_choice(
         r_v = expect(v)
         g = max(v.gpus(), 1e-3)
         gain += g * (r_v - r_p)
-        cost += g * cost_of(v) + (3600.0 if v.spec.replicas > 1 else 0.0)
+        cost += g * cost_of(v, now) + (3600.0 if v.spec.replicas > 1 else 0.0)
     if gain <= cost:
         return None, wake[0]
     why = (

@@ -26,7 +26,7 @@ from mlwe.core.cycle import (
 )
 from mlwe.core.decisions import DecisionRecord, digest
 from mlwe.core.estimator import RuntimeEstimator
-from mlwe.core.gain import gain_choice
+from mlwe.core.gain import could_gain, gain_candidates, gain_choice
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import (
@@ -227,6 +227,7 @@ class Scheduler:
             fork=fork,
             usage=usage,
             can_stop=can_stop_early(cp, order, cfg.preemption),
+            cohorts=any(q.cohort for q in cp.queues.values()),
             gain_on=cfg.gain_preemption and cfg.preemption and self.estimator is not None,
         )
 
@@ -421,6 +422,8 @@ class Scheduler:
         if not cycle.gain_on or cycle.gain_searches >= self.config.max_gain_searches:
             return False
         cycle.gain_searches += 1
+        if not self._could_gain(cycle, turn.w):
+            return False
         got, wake = gain_choice(
             self.config, self.remaining, self.preemption,
             cycle.cp, cycle.fork, turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now,
@@ -436,6 +439,25 @@ class Scheduler:
             extra={"gain_gpu_s": round(gain, 3), "cost_gpu_s": round(cost, 3)},
         )
         return True
+
+    def _could_gain(self, cycle: Cycle, w: Workload) -> bool:
+        """Whether a gain search for ``w`` could find anything: False, without a
+        scan, when only equals could be its victims (nobody holds at a lower
+        priority, no cohort could reclaim) and none is expected to run long enough
+        (:func:`mlwe.core.gain.could_gain`: its wake time is kept as a search's
+        would be); the candidates are reduced once per cycle."""
+        cp = cycle.cp
+        if cycle.cohorts or min(cp.holding_by_priority, default=w.priority) < w.priority:
+            return True
+        cands = cycle.gain_candidates.get(w.priority)
+        if cands is None:
+            cands = cycle.gain_candidates[w.priority] = gain_candidates(
+                self.config, self.remaining, cp, w.priority, cycle.now
+            )
+        possible, wake = could_gain(self.config, self.remaining, w, cands, cycle.now)
+        if not possible:
+            self._wake_at = min(self._wake_at, wake)
+        return possible
 
     def _evict_for(
         self,

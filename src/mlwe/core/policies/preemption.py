@@ -25,7 +25,7 @@ from mlwe.core.spec import NodeStatus
 
 #: A CPU-only victim's cores are weighed as GPUs at this rate (8 cores ~ 1 GPU).
 CORES_PER_GPU_EQUIVALENT = 8.0
-_EVICTABLE = (State.ADMITTED, State.STARTING, State.RUNNING)
+EVICTABLE = (State.ADMITTED, State.STARTING, State.RUNNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +131,7 @@ def _eligibility(
     qp = cp.queues[p.queue]
 
     def eligible(v: Workload) -> PreemptReason | None:
-        if v.id in taken or v.state not in _EVICTABLE:
+        if v.id in taken or v.state not in EVICTABLE:
             return None
         if v.priority < p.priority:
             why = PreemptReason.PRIORITY
