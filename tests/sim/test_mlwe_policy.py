@@ -101,12 +101,12 @@ def test_a_skipped_gain_search_would_have_found_nothing(
     searched: list[str] = []
     original = sched.Scheduler._could_gain
 
-    def checked(self: sched.Scheduler, cycle: sched.Cycle, w: object) -> bool:
-        possible = original(self, cycle, w)  # type: ignore[arg-type]
+    def checked(self: sched.Scheduler, cycle: sched.Cycle, w: object, shape: object) -> bool:
+        possible = original(self, cycle, w, shape)  # type: ignore[arg-type]
         if not possible:
             got, _ = gain_choice(
                 self.config, self.remaining, self.preemption, cycle.cp, cycle.fork.fork(),
-                w, *self.shape_for(cycle.cp, w)[1:], set(cycle.taken), frozenset(), cycle.now,
+                w, shape, set(cycle.taken), frozenset(), cycle.now,
             )  # type: ignore[arg-type]
             assert got is None, f"skipped a gain search that finds {got}"
             skipped.append(w.id)  # type: ignore[attr-defined]

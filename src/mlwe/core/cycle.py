@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mlwe.core.actions import Action
 from mlwe.core.capacity import CapacityIndex, ReplicaAlloc, Shape
@@ -19,6 +20,9 @@ from mlwe.core.decisions import DecisionRecord
 from mlwe.core.model import Workload
 from mlwe.core.resources import format_gpu
 from mlwe.core.spec import NodeStatus
+
+if TYPE_CHECKING:
+    from mlwe.core.gain import Candidate
 
 
 @dataclass(slots=True)
@@ -68,9 +72,7 @@ class Cycle:
     cohorts: bool = False
     #: per priority, what a gain search reads of the holders it may evict
     #: (:func:`mlwe.core.gain.gain_candidates`; once per cycle, when a search asks)
-    gain_candidates: dict[int, list[tuple[float, float, float, float]]] = field(
-        default_factory=dict
-    )
+    gain_candidates: dict[int, list[Candidate]] = field(default_factory=dict)
     failed: set[FitKey] = field(default_factory=set)
     #: shapes that did not fit this cycle: a larger one of the same models cannot
     #: fit either (capacity only shrinks within a cycle)

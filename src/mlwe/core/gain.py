@@ -16,6 +16,7 @@ from mlwe.core.policies.ordering import attained
 from mlwe.core.policies.preemption import EVICTABLE, PreemptionPolicy, VictimChoice
 from mlwe.core.resources import format_duration
 from mlwe.core.rules import GAIN_MAX_PREEMPTIONS, GAIN_MIN_QUANTUM_S, preemptible
+from mlwe.core.spec import NodeStatus
 
 if TYPE_CHECKING:
     from mlwe.core.scheduler import SchedulerConfig
@@ -35,9 +36,10 @@ def expected_left(
 
 
 #: what a gain search needs of one possible victim: its expected remaining run,
-#: that less its eviction cost, its GPUs x the work it would lose now, and the
-#: time to its next checkpoint (0.0 when it has no checkpoint interval)
-Candidate = tuple[float, float, float, float]
+#: that less its eviction cost, its GPUs x the work it would lose now, the time
+#: to its next checkpoint (0.0 when it has no checkpoint interval), and the GPU
+#: (in thousandths) each of its replicas holds on which node
+Candidate = tuple[float, float, float, float, tuple[tuple[str, int], ...]]
 
 
 def gain_candidates(
@@ -73,7 +75,8 @@ def gain_candidates(
             iv = v.spec.checkpoint_interval
             since = v.work_at_risk(now) if iv else 0.0
             wait = max(0.0, iv + v.spec.checkpoint_cost - since) if iv else 0.0
-            out.append((r_v, r_v - cost_of(v, now), max(v.gpus(), 1e-3) * since, wait))
+            held = tuple((a.node, a.res.gpu) for a in v.placement)
+            out.append((r_v, r_v - cost_of(v, now), max(v.gpus(), 1e-3) * since, wait, held))
     return out
 
 
@@ -81,24 +84,38 @@ def could_gain(
     cfg: SchedulerConfig,
     remaining: Callable[[Workload, float], float | None],
     w: Workload,
+    shape: Shape,
+    fork: CapacityIndex,
     candidates: list[Candidate],
     now: float,
 ) -> tuple[bool, float]:
-    """Whether some candidate passes :func:`gain_choice`'s test of a victim for
-    ``w`` (a necessary condition of a search finding anything), and the earliest
-    moment one passed over for the work it would lose becomes cheap (INF: none),
-    which the search itself would have reported."""
+    """Whether a gain search for ``w`` could find anything (a necessary condition
+    of :func:`gain_choice` finding a victim set): some candidate passes the victim
+    test for ``w`` and, for a single GPU replica, some ready node would then have
+    the GPU it asks for (free on ``fork`` plus what the passing candidates hold
+    there). Also the earliest moment a candidate passed over for the work it would
+    lose becomes cheap (INF: none), which the search itself would have reported."""
     r_p = expected_left(remaining, w, now, cfg.gain_prior_s)
     floor = cfg.gain_ratio * r_p
     budget = cfg.gain_wait_share * max(w.gpus(), 1e-3)
     wake = INF
-    for r_v, net, loss, wait in candidates:
+    freed: dict[str, int] = {}
+    for r_v, net, loss, wait, held in candidates:
         if r_v >= floor and net > r_p:
             if loss > budget * wait:
                 wake = min(wake, now + wait + 1e-6)
                 continue
-            return True, wake
-    return False, wake
+            for node, gpu in held:
+                freed[node] = freed.get(node, 0) + gpu
+    if not freed:
+        return False, wake
+    if w.spec.replicas > 1 or not shape.gpu:
+        return True, wake
+    need = shape.gpu
+    return any(
+        fork.status(node) is NodeStatus.READY and fork.free(node).gpu + gpu >= need
+        for node, gpu in freed.items()
+    ), wake
 
 
 def cost_of(v: Workload, now: float) -> float:

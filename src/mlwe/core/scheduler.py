@@ -422,7 +422,7 @@ class Scheduler:
         if not cycle.gain_on or cycle.gain_searches >= self.config.max_gain_searches:
             return False
         cycle.gain_searches += 1
-        if not self._could_gain(cycle, turn.w):
+        if not self._could_gain(cycle, turn.w, turn.shape):
             return False
         got, wake = gain_choice(
             self.config, self.remaining, self.preemption,
@@ -440,7 +440,7 @@ class Scheduler:
         )
         return True
 
-    def _could_gain(self, cycle: Cycle, w: Workload) -> bool:
+    def _could_gain(self, cycle: Cycle, w: Workload, shape: Shape) -> bool:
         """Whether a gain search for ``w`` could find anything: False, without a
         scan, when only equals could be its victims (nobody holds at a lower
         priority, no cohort could reclaim) and none is expected to run long enough
@@ -454,7 +454,9 @@ class Scheduler:
             cands = cycle.gain_candidates[w.priority] = gain_candidates(
                 self.config, self.remaining, cp, w.priority, cycle.now
             )
-        possible, wake = could_gain(self.config, self.remaining, w, cands, cycle.now)
+        possible, wake = could_gain(
+            self.config, self.remaining, w, shape, cycle.fork, cands, cycle.now
+        )
         if not possible:
             self._wake_at = min(self._wake_at, wake)
         return possible
