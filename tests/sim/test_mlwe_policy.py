@@ -91,29 +91,39 @@ def test_placements_say_which_estimate_ranked_them(contended: Trace) -> None:
 def test_a_skipped_gain_search_would_have_found_nothing(
     contended: Trace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The scheduler skips a gain search when no holder passes the victim test's
-    preemptor-independent part (could_gain); every skip is checked against the
-    full search, which must find no victim set either."""
+    """The scheduler skips a gain search it knows finds nothing (could_gain on
+    the holders reduced once per cycle). Every skip is checked against the full
+    search run in its place: it finds no victim set either, and leaves the same
+    wake time and the same rotating start (so decisions are unchanged)."""
     from mlwe.core import scheduler as sched
+    from mlwe.core.cycle import Cycle, Turn
     from mlwe.core.gain import gain_choice
+    from mlwe.core.policies.preemption import CheapestVictims
 
     skipped: list[str] = []
     searched: list[str] = []
     original = sched.Scheduler._could_gain
 
-    def checked(self: sched.Scheduler, cycle: sched.Cycle, w: object, shape: object) -> bool:
-        possible = original(self, cycle, w, shape)  # type: ignore[arg-type]
-        if not possible:
-            got, _ = gain_choice(
-                self.config, self.remaining, self.preemption, cycle.cp, cycle.fork.fork(),
-                w, shape, set(cycle.taken), frozenset(), cycle.now,
-            )  # type: ignore[arg-type]
-            assert got is None, f"skipped a gain search that finds {got}"
-            skipped.append(w.id)  # type: ignore[attr-defined]
-        else:
-            searched.append(w.id)  # type: ignore[attr-defined]
-        return possible
+    def checked(self: sched.Scheduler, cycle: Cycle, turn: Turn) -> bool:
+        policy = self.preemption
+        assert isinstance(policy, CheapestVictims)
+        cursor, wake_before = policy._cursor, self._wake_at
+        possible = original(self, cycle, turn)
+        if possible:
+            searched.append(turn.w.id)
+            return True
+        skip_cursor, skip_wake = policy._cursor, self._wake_at
+        policy._cursor = cursor
+        got, wake = gain_choice(
+            self.config, self.remaining, policy, cycle.cp, cycle.fork, turn.w, turn.shape,
+            cycle.taken, turn.exclude, cycle.now,
+        )
+        assert got is None, f"skipped a gain search for {turn.w.id} that finds {got}"
+        assert policy._cursor == skip_cursor
+        assert min(wake_before, wake) == skip_wake
+        skipped.append(turn.w.id)
+        return False
 
     monkeypatch.setattr(sched.Scheduler, "_could_gain", checked)
     run(contended)
-    assert skipped and searched  # both paths were taken
+    assert len(skipped) > 100 and searched  # both paths were taken

@@ -5,7 +5,8 @@ run times (learned, or the user's), against what the eviction costs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlwe.core.capacity import CapacityIndex, Shape
@@ -35,11 +36,22 @@ def expected_left(
     return r if r is not None else max(attained(x, now), prior_s)
 
 
-#: what a gain search needs of one possible victim: its expected remaining run,
-#: that less its eviction cost, its GPUs x the work it would lose now, the time
-#: to its next checkpoint (0.0 when it has no checkpoint interval), and the GPU
-#: (in thousandths) each of its replicas holds on which node
-Candidate = tuple[float, float, float, float, tuple[tuple[str, int], ...]]
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What a gain search reads of one holder it may consider as a victim."""
+
+    id: str
+    #: expected remaining run time, and what evicting it now costs (seconds)
+    left: float
+    cost: float
+    #: its GPUs x the work it would lose now, and the time to its next checkpoint
+    #: (both 0.0 without a checkpoint interval)
+    loss: float
+    wait: float
+    #: not protected, past its minimum runtime and progress
+    evictable: bool
+    #: the GPU (in thousandths) each of its replicas holds, and where
+    held: tuple[tuple[str, int], ...]
 
 
 def gain_candidates(
@@ -49,11 +61,12 @@ def gain_candidates(
     priority: int,
     now: float,
 ) -> list[Candidate]:
-    """The holders of ``priority`` that a gain preemption may evict at all
-    (evictable, not protected, past the minimum quantum, under the bound on
-    preemptions), reduced to what :func:`gain_choice`'s test reads of them; the
-    preemptor-independent part of that test, computed once per cycle so that a
-    search nobody can pass is skipped without scanning nodes (:func:`could_gain`)."""
+    """The holders of ``priority`` that a gain search examines at all (running or
+    starting, past the minimum quantum, under the bound on preemptions), reduced
+    to what :func:`gain_choice`'s victim test reads of them: the part of a search
+    that does not depend on the preemptor, computed once per cycle so that a
+    search that cannot find anything is known without scanning nodes
+    (:func:`could_gain`)."""
     out: list[Candidate] = []
     seen: set[str] = set()
     workloads = cp.workloads
@@ -68,15 +81,19 @@ def gain_candidates(
                 or v.state not in EVICTABLE
                 or v.preemptions >= GAIN_MAX_PREEMPTIONS
                 or v.runtime(now) < GAIN_MIN_QUANTUM_S
-                or preemptible(v, now) is not None
             ):
                 continue
-            r_v = expected_left(remaining, v, now, cfg.gain_prior_s)
             iv = v.spec.checkpoint_interval
             since = v.work_at_risk(now) if iv else 0.0
-            wait = max(0.0, iv + v.spec.checkpoint_cost - since) if iv else 0.0
-            held = tuple((a.node, a.res.gpu) for a in v.placement)
-            out.append((r_v, r_v - cost_of(v, now), max(v.gpus(), 1e-3) * since, wait, held))
+            out.append(Candidate(
+                id=wid,
+                left=expected_left(remaining, v, now, cfg.gain_prior_s),
+                cost=cost_of(v, now),
+                loss=max(v.gpus(), 1e-3) * since if iv else 0.0,
+                wait=max(0.0, iv + v.spec.checkpoint_cost - since) if iv else 0.0,
+                evictable=preemptible(v, now) is None,
+                held=tuple((a.node, a.res.gpu) for a in v.placement),
+            ))
     return out
 
 
@@ -86,36 +103,44 @@ def could_gain(
     w: Workload,
     shape: Shape,
     fork: CapacityIndex,
+    nodes: Container[str],
+    taken: Container[str],
+    exclude: Container[str],
     candidates: list[Candidate],
     now: float,
 ) -> tuple[bool, float]:
-    """Whether a gain search for ``w`` could find anything (a necessary condition
-    of :func:`gain_choice` finding a victim set): some candidate passes the victim
-    test for ``w`` and, for a single GPU replica, some ready node would then have
-    the GPU it asks for (free on ``fork`` plus what the passing candidates hold
-    there). Also the earliest moment a candidate passed over for the work it would
-    lose becomes cheap (INF: none), which the search itself would have reported."""
+    """Whether a gain search for one replica of ``w`` over the candidate ``nodes``
+    could find anything, and the earliest moment a victim it passes over for the
+    work it would lose becomes cheap (INF: none).
+
+    The test is the search's own, on what it would examine (candidates not yet
+    taken, on a ready node of ``nodes`` outside ``exclude``): a victim must pass
+    :func:`gain_choice`'s test for ``w``, and some node must then have the GPU the
+    replica asks for (free on ``fork`` plus what the passing victims hold there).
+    False means the search finds nothing, and the wake time is the one it would
+    report (both checked against the search in tests/sim/test_mlwe_policy.py)."""
     r_p = expected_left(remaining, w, now, cfg.gain_prior_s)
     floor = cfg.gain_ratio * r_p
     budget = cfg.gain_wait_share * max(w.gpus(), 1e-3)
     wake = INF
     freed: dict[str, int] = {}
-    for r_v, net, loss, wait, held in candidates:
-        if r_v >= floor and net > r_p:
-            if loss > budget * wait:
-                wake = min(wake, now + wait + 1e-6)
-                continue
-            for node, gpu in held:
+    for c in candidates:
+        if c.id in taken:
+            continue
+        seen = [
+            (node, gpu) for node, gpu in c.held
+            if node in nodes and node not in exclude and fork.status(node) is NodeStatus.READY
+        ]
+        if not seen or not (c.left >= floor and c.left > r_p + c.cost):
+            continue
+        if c.loss > budget * c.wait:  # evicting now loses too much: wait for its checkpoint
+            wake = min(wake, now + c.wait + 1e-6)
+            continue
+        if c.evictable:
+            for node, gpu in seen:
                 freed[node] = freed.get(node, 0) + gpu
-    if not freed:
-        return False, wake
-    if w.spec.replicas > 1 or not shape.gpu:
-        return True, wake
     need = shape.gpu
-    return any(
-        fork.status(node) is NodeStatus.READY and fork.free(node).gpu + gpu >= need
-        for node, gpu in freed.items()
-    ), wake
+    return any(fork.free(node).gpu + gpu >= need for node, gpu in freed.items()), wake
 
 
 def cost_of(v: Workload, now: float) -> float:

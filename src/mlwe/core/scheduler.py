@@ -47,6 +47,7 @@ from mlwe.core.policies.preemption import (
     CheapestVictims,
     PreemptionPolicy,
     VictimChoice,
+    candidate_nodes,
     describe_choice,
 )
 from mlwe.core.records import place_record, why_waiting
@@ -422,7 +423,7 @@ class Scheduler:
         if not cycle.gain_on or cycle.gain_searches >= self.config.max_gain_searches:
             return False
         cycle.gain_searches += 1
-        if not self._could_gain(cycle, turn.w, turn.shape):
+        if not self._could_gain(cycle, turn):
             return False
         got, wake = gain_choice(
             self.config, self.remaining, self.preemption,
@@ -440,25 +441,42 @@ class Scheduler:
         )
         return True
 
-    def _could_gain(self, cycle: Cycle, w: Workload, shape: Shape) -> bool:
-        """Whether a gain search for ``w`` could find anything: False, without a
-        scan, when only equals could be its victims (nobody holds at a lower
-        priority, no cohort could reclaim) and none is expected to run long enough
-        (:func:`mlwe.core.gain.could_gain`: its wake time is kept as a search's
-        would be); the candidates are reduced once per cycle."""
-        cp = cycle.cp
-        if cycle.cohorts or min(cp.holding_by_priority, default=w.priority) < w.priority:
+    def _could_gain(self, cycle: Cycle, turn: Turn) -> bool:
+        """Whether a gain search for ``turn`` could find anything. Known without a
+        node scan for one GPU replica when only equals could be its victims (no
+        cohort could reclaim, nobody holds at a lower priority) and the victim
+        policy is :class:`CheapestVictims`: :func:`mlwe.core.gain.could_gain` on
+        the holders reduced once per cycle, with the wake time and rotating start
+        the search would leave; the decisions are the search's, byte for byte."""
+        cp, w, shape = cycle.cp, turn.w, turn.shape
+        policy = self.preemption
+        if (
+            cycle.cohorts
+            or w.spec.replicas != 1
+            or not shape.gpu
+            or not isinstance(policy, CheapestVictims)
+        ):
             return True
+        lowest = min(cp.holding_by_priority, default=w.priority + 1)
+        if lowest != w.priority:
+            # below: lower priorities may be victims too (search); above: no equal
+            # holds anything, and the search returns before it scans
+            return lowest < w.priority
+        nodes = candidate_nodes(cycle.fork, shape)
+        if not nodes or len(nodes) > policy.max_scan:
+            return bool(nodes)
         cands = cycle.gain_candidates.get(w.priority)
         if cands is None:
             cands = cycle.gain_candidates[w.priority] = gain_candidates(
                 self.config, self.remaining, cp, w.priority, cycle.now
             )
         possible, wake = could_gain(
-            self.config, self.remaining, w, shape, cycle.fork, cands, cycle.now
+            self.config, self.remaining, w, shape, cycle.fork, set(nodes), cycle.taken,
+            turn.exclude, cands, cycle.now,
         )
         if not possible:
             self._wake_at = min(self._wake_at, wake)
+            policy.pass_over(cycle.fork, shape)
         return possible
 
     def _evict_for(

@@ -104,7 +104,7 @@ class _Search:
                 )
 
 
-def _candidate_nodes(fork: CapacityIndex, shape: Shape) -> list[str]:
+def candidate_nodes(fork: CapacityIndex, shape: Shape) -> list[str]:
     """Where a replica of ``shape`` might go: the nodes of its models in preference
     order; for CPU-only work, CPU nodes first, then every GPU model's nodes."""
     if shape.gpu:
@@ -223,11 +223,22 @@ class CheapestVictims:
         lowest = min(held, default=p.priority + 1)
         if not reclaim_ok and (lowest > p.priority or (lowest == p.priority and equals is None)):
             return None  # nobody holds anything at a lower (or, among equals, the same) priority
-        nodes = _candidate_nodes(fork, shape)
+        nodes = candidate_nodes(fork, shape)
         if not nodes:
             return None
         eligible = _eligibility(cp, p, taken, equals, reclaim_ok, now)
         return self._search(cp, fork.fork(), p, shape, nodes, exclude, eligible, now)
+
+    def pass_over(self, fork: CapacityIndex, shape: Shape) -> bool:
+        """Account for a search of one replica of ``shape`` that the caller knows
+        finds nothing, as if it had run (the rotating start moves as a scan of
+        every candidate node moves it): True if so; False when such a search
+        would not examine every candidate node (the caller must then search)."""
+        n = len(candidate_nodes(fork, shape))
+        if n > self.max_scan:
+            return False
+        self._cursor += n
+        return True
 
     def _search(
         self,
