@@ -113,6 +113,9 @@ class Scheduler:
         self._reservation_cache: tuple[str, int, float, Reservation | None] | None = None
         #: the next moment a deferred preemption among equals becomes cheap
         self._wake_at = INF
+        #: remaining-time answers of the cycle being planned (None between cycles)
+        self._left: dict[str, float | None] | None = None
+        self._left_at = 0.0
 
     # ------------------------------------------------------------------ helpers
     def models_for(self, cp: ControlPlane, w: Workload) -> tuple[str, ...]:
@@ -173,7 +176,21 @@ class Scheduler:
 
     # --------------------------------------------------------------------- plan
     def remaining(self, w: Workload, now: float) -> float | None:
-        """Expected seconds of work left: the user's estimate, else the learned one."""
+        """Expected seconds of work left: the user's estimate, else the learned one.
+
+        Within a cycle (nothing changes while it plans) each answer is kept, so
+        the phases that ask again about a workload do not estimate it again."""
+        memo = self._left
+        if memo is not None and now == self._left_at:
+            got = memo.get(w.id, _UNKNOWN)
+            if got is not _UNKNOWN:
+                return got  # type: ignore[return-value]
+            rem = self._remaining(w, now)
+            memo[w.id] = rem
+            return rem
+        return self._remaining(w, now)
+
+    def _remaining(self, w: Workload, now: float) -> float | None:
         rem = w.remaining_estimate(now)
         if rem is None and self.estimator is not None:
             est = self.estimator.estimate(w, attained(w, now))
@@ -198,12 +215,16 @@ class Scheduler:
         queued = cp.queued_workloads()
         if not queued:
             return plan
-        # 2. snapshot
-        cycle = self._snapshot(cp, plan, queued, cause_id)
-        # 3. turns
-        for rank, w in enumerate(cycle.order):
-            if self._turn(cycle, rank, w):
-                break
+        self._left, self._left_at = {}, cp.now()
+        try:
+            # 2. snapshot
+            cycle = self._snapshot(cp, plan, queued, cause_id)
+            # 3. turns
+            for rank, w in enumerate(cycle.order):
+                if self._turn(cycle, rank, w):
+                    break
+        finally:
+            self._left = None
         # 4. result
         plan.reservation = cycle.reservation
         return plan
@@ -577,6 +598,9 @@ class Scheduler:
             cp.note_pending(plan.pending, self.name, cause_id)
         return result
 
+
+
+_UNKNOWN = object()
 
 
 def default_scheduler(name: str = "mlwe-default") -> Scheduler:
