@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mlwe.core.capacity import CapacityIndex, ReplicaAlloc
+from mlwe.core.capacity import CapacityIndex, ReplicaAlloc, Shape
 from mlwe.core.controlplane import ControlPlane
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload, shape_of
@@ -96,14 +96,22 @@ def project_start(
         heap.append((end, seq, h.placement))
     heapq.heapify(heap)
     order = [*ahead, target]
+    shapes = {id(w): shape_of(w.spec, accepted_models(cp, w)) for w in order}
     t = now
     steps = 0
+    #: nodes freed since the first in order last failed to fit (None: try it)
+    freed: set[str] | None = None
     while True:
         while order:
             w = order[0]
-            allocs = place.place(f, shape_of(w.spec, accepted_models(cp, w)), w.spec.replicas)
-            if allocs is None:
+            shape = shapes[id(w)]
+            if freed is not None and not _may_fit_now(f, shape, w.spec.replicas, freed):
                 break
+            allocs = place.place(f, shape, w.spec.replicas)
+            if allocs is None:
+                freed = set()
+                break
+            freed = None
             order.pop(0)
             if w is target:
                 return Projection(t, allocs, assumed)
@@ -118,10 +126,24 @@ def project_start(
         t, _, allocs = heapq.heappop(heap)
         for a in allocs:
             f.release(a)
+        if freed is not None:
+            freed.update(a.node for a in allocs)
         while heap and heap[0][0] <= t:  # everything ending at the same moment
             for a in heapq.heappop(heap)[2]:
                 f.release(a)
+                if freed is not None:
+                    freed.add(a.node)
         steps += 1
+
+
+def _may_fit_now(f: CapacityIndex, shape: Shape, replicas: int, freed: set[str]) -> bool:
+    """Whether one replica of ``shape``, which did not fit before ``freed``'s
+    nodes released work, may fit now: only on one of those nodes, and only if it
+    has the GPU asked for (a quick necessary test; the placement decides). Gangs
+    and CPU-only work are always tried."""
+    if replicas != 1 or not shape.gpu:
+        return True
+    return any(f.free(n).gpu >= shape.gpu for n in freed)
 
 
 def _holders(cp: ControlPlane) -> list[str]:
