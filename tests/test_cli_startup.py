@@ -19,7 +19,7 @@ HEAVY = ("fastapi", "starlette", "sqlalchemy", "alembic", "uvicorn", "mlwe.runti
          "mlwe.core", "mlwe.store.db", "mlwe.store.repository", "mlwe.store.audit", "mlwe.sim",
          "matplotlib", "numpy", "pydantic", "httpx")
 #: what of mlwe the command may load before it runs one: packages (their __init__ is lazy),
-#: the CLI modules, and these
+#: the CLI modules (``*.cli``, and the modules of a ``cli`` package), and these
 LIGHT = {"mlwe.output", "mlwe.clientconfig", "mlwe.bench_cli", "mlwe.backends.bench"}
 
 
@@ -38,7 +38,8 @@ def _heavy(mods: set[str]) -> list[str]:
         return spec is not None and spec.submodule_search_locations is not None
 
     heavy = {m for m in mods if any(m == h or m.startswith(h + ".") for h in HEAVY)}
-    mlwe = {m for m in mods if m.startswith("mlwe.") and not m.endswith(".cli") and m not in LIGHT
+    mlwe = {m for m in mods if m.startswith("mlwe.") and not m.endswith(".cli") and ".cli." not in m
+            and m not in LIGHT
             and not package(m)}
     return sorted(heavy | mlwe)
 
