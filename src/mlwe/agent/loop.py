@@ -42,6 +42,9 @@ the workflows it starts (whose steps propose the same way). Every step yields
 an audit record (``audit_sink``) and every decision a reasoning record
 (``reasoning_sink``), both plain JSON-able dicts.
 
+Its configuration is in :mod:`mlwe.agent.config`, what its rounds yield in
+:mod:`mlwe.agent.outcomes`, its timing figures in :mod:`mlwe.agent.stats`.
+
 Wiring into the runtime (``mlwe.runtime.Engine``) is
 :func:`mlwe.runtime.wiring.attach_agent` (the agent does not import the runtime,
 an outer layer).
@@ -56,19 +59,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from mlwe.agent.codec import AGENT_ACTION_KINDS, action_to_dict
+from mlwe.agent.config import AgentConfig, ProposeFn, Sink
 from mlwe.agent.model import CandidatePlan, Finding, Hazard, Mode, WhatIf, json_dict
 from mlwe.agent.monitor import Monitor
+from mlwe.agent.outcomes import Outcome, PendingPlan, _Deliberation, _stale
 from mlwe.agent.reasoners import make_reasoner
 from mlwe.agent.reasoners.base import Choice, Feedback, Reasoner, Situation
+from mlwe.agent.stats import AgentStats, _LockedTelemetry
 from mlwe.agent.strategies import Strategy, default_strategies, hazards_for
 from mlwe.agent.telemetry import TelemetryWindow
 from mlwe.agent.tools import AgentTools
-from mlwe.agent.triggers import AnalyzeConfig, Analyzer, Context, Trigger, default_triggers
-from mlwe.agent.whatif import Snapshot, WhatIfConfig, WhatIfForecaster, YieldGil
+from mlwe.agent.triggers import Analyzer, Context, Trigger, default_triggers
+from mlwe.agent.whatif import Snapshot, WhatIfForecaster, YieldGil
 from mlwe.agent.workflows import WorkflowError, WorkflowRunner
 from mlwe.core.actions import Action
 from mlwe.core.backend import Telemetry
@@ -79,145 +84,7 @@ from mlwe.core.spec import WorkloadSpec
 
 log = logging.getLogger("mlwe.agent")
 
-#: (actions, expected_version, correlation_id, rationale) -> the control plane's answer
-ProposeFn = Callable[[Sequence[Action], int | None, str, str], ApplyResult]
-Sink = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class AgentConfig:
-    mode: Mode = Mode.AUTONOMOUS
-    #: without lifecycle news, at most one analysis per this many seconds (engine clock)
-    min_interval_s: float = 30.0
-    #: with news too, at most one analysis per this many seconds of engine time: the
-    #: analysis (triggers, plans, forecasts) is the heavy part, not run every engine tick
-    analysis_interval_s: float = 5.0
-    #: after a decision about a finding, leave it alone this long (unless it changes)
-    cooldown_s: float = 1800.0
-    max_attempts: int = 3  # plans tried per finding per round (feedback loop)
-    max_findings_per_tick: int = 8
-    whatif: bool = True  # forecast before commit (off: verified plans commit as chosen)
-    node_failure_after_s: float = 1800.0  # assumed time to failure of an unhealthy node
-    stream_lookback_s: float = 3 * 3600.0  # recurring arrivals: the window looked at
-    stream_min: int = 3  # arrivals of one (queue, priority) in the window to call it a stream
-    stream_max: int = 500  # expected arrivals played in one forecast, at most
-    analyze: AnalyzeConfig = field(default_factory=AnalyzeConfig)
-    forecast: WhatIfConfig = field(default_factory=WhatIfConfig)
-
-
-@dataclass
-class Outcome:
-    """What became of one finding in one round."""
-
-    correlation_id: str
-    finding: str
-    # committed | rejected | not-better | pending-approval | observed | nothing | gave-up |
-    # stale | approved | operator-rejected
-    outcome: str
-    plan: str | None = None
-    reasons: tuple[str, ...] = ()
-    version: int | None = None
-    workflow: str | None = None  # the workflow carrying a committed plan through
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"correlation_id": self.correlation_id, "finding": self.finding,
-                "outcome": self.outcome, "plan": self.plan, "reasons": list(self.reasons),
-                "version": self.version, "workflow": self.workflow}
-
-
-@dataclass
-class PendingPlan:
-    id: str
-    plan: CandidatePlan
-    finding: Finding
-    whatif: WhatIf | None
-    trace: dict[str, Any]
-    version: int
-    created: float
-    correlation_id: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return json_dict({
-            "id": self.id,
-            "plan": self.plan.to_dict(),
-            "finding": self.finding.to_dict(),
-            "forecast": self.whatif.to_dict() if self.whatif else None,
-            "trace": self.trace,
-            "version": self.version,
-            "created": self.created,
-            "correlation_id": self.correlation_id,
-        })
-
-
-def _pct(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, int(q * len(s)))], 3) if s else 0.0
-
-
-class AgentStats:
-    """Where the agent's time goes: under the lock (analysis, snapshot, execution)
-    and outside it (reasoning and forecasts on a snapshot)."""
-
-    def __init__(self) -> None:
-        self.rounds = 0
-        self.lock_ms: deque[float] = deque(maxlen=10_000)  # each locked phase
-        self.lock_max_ms: dict[str, float] = {}  # the longest hold, per phase
-        self.think_ms: deque[float] = deque(maxlen=10_000)  # each deliberation (no lock)
-        self.stale = 0  # proposals rejected as decided on an older state
-        self.workflows = 0  # workflows started for committed plans
-
-    def held(self, phase: str, ms: float) -> None:
-        self.lock_ms.append(ms)
-        if ms > self.lock_max_ms.get(phase, 0.0):
-            self.lock_max_ms[phase] = round(ms, 3)
-
-    def summary(self) -> dict[str, Any]:
-        lock, think = list(self.lock_ms), list(self.think_ms)
-        return {
-            "agent_rounds": self.rounds,
-            "agent_lock_ms_p50": _pct(lock, 0.5),
-            "agent_lock_ms_p99": _pct(lock, 0.99),
-            "agent_lock_ms_max": round(max(lock), 3) if lock else 0.0,
-            "agent_think_ms_p50": _pct(think, 0.5),
-            "agent_think_ms_max": round(max(think), 3) if think else 0.0,
-            "agent_stale": self.stale,
-            "agent_workflows": self.workflows,
-            "agent_lock_max_ms_by_phase": dict(sorted(self.lock_max_ms.items())),
-        }
-
-
-class _LockedTelemetry:
-    """The monitor's telemetry window, read under the lock (the engine adds samples)."""
-
-    def __init__(self, window: TelemetryWindow, lock: Any) -> None:
-        self.window = window
-        self.lock = lock
-
-    def samples(
-        self,
-        *,
-        workload: str | None = None,
-        node: str | None = None,
-        metric: str | None = None,
-        last: int | None = None,
-    ) -> list[Telemetry]:
-        with self.lock:
-            return self.window.samples(workload=workload, node=node, metric=metric, last=last)
-
-
-@dataclass
-class _Deliberation:
-    situation: Situation
-    choice: Choice
-    plan: CandidatePlan | None
-    whatif: WhatIf | None
-
-
-def _stale(result: ApplyResult) -> bool:
-    return not result.accepted and any(
-        r.action == "batch" and any(x.startswith("stale version") for x in r.reasons)
-        for r in result.rejections
-    )
+__all__ = ["Agent", "AgentConfig", "AgentStats", "Outcome", "PendingPlan", "ProposeFn", "Sink"]
 
 
 class Agent:
