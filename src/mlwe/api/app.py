@@ -56,19 +56,7 @@ def create_app(
 ) -> FastAPI:
     settings = settings or ApiSettings()
     tokens = tokens or TokenStore(engine.repo.engine, cache_ttl_s=settings.token_cache_s)
-    stream_stats = StreamStats()
-    metrics = ApiMetrics(engine, stream_stats)
-    ctx = ApiContext(
-        engine=engine,
-        tokens=tokens,
-        settings=settings,
-        limiter=RateLimiter(settings.submit_rate_per_s, settings.submit_burst),
-        metrics=metrics,
-        stream_stats=stream_stats,
-        submitter=SubmitQueue(engine),
-        agent=agent,
-        bus=bus,
-    )
+    ctx = _context(engine, tokens, settings, agent, bus)
     relay = DecisionRelay(engine) if relay_decisions else None
     from mlwe.api.history import ClusterHistory
 
@@ -94,6 +82,34 @@ def create_app(
     app.include_router(ops.router)
     app.include_router(streams.router)
     app.include_router(pipelines.router)
+    _add_system_routes(app, settings)
+
+    _check_roles(app, {"/metrics"} if settings.public_metrics else set())
+    _add_spec_schema(app)
+    _add_middleware(app, ctx, settings)
+    return app
+
+
+def _context(engine: Engine, tokens: TokenStore, settings: ApiSettings, agent: Any | None,
+             bus: Any | None) -> ApiContext:
+    """What every route reads from ``app.state.ctx``: the engine, tokens, limits, metrics."""
+    stream_stats = StreamStats()
+    metrics = ApiMetrics(engine, stream_stats)
+    return ApiContext(
+        engine=engine,
+        tokens=tokens,
+        settings=settings,
+        limiter=RateLimiter(settings.submit_rate_per_s, settings.submit_burst),
+        metrics=metrics,
+        stream_stats=stream_stats,
+        submitter=SubmitQueue(engine),
+        agent=agent,
+        bus=bus,
+    )
+
+
+def _add_system_routes(app: FastAPI, settings: ApiSettings) -> None:
+    """Liveness, readiness, Prometheus metrics and the dashboard (with its static files)."""
 
     @app.get("/healthz", response_model=Health, tags=["system"], summary="Liveness (public)")
     def healthz() -> dict[str, Any]:
@@ -152,9 +168,9 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
-    _check_roles(app, {"/metrics"} if settings.public_metrics else set())
-    _add_spec_schema(app)
 
+def _add_middleware(app: FastAPI, ctx: ApiContext, settings: ApiSettings) -> None:
+    """Security headers, CORS (when origins are given), body size limits, access log, metrics."""
     # outermost last: headers on everything, then size limits, then metrics
     app.add_middleware(RequestMetrics, metrics=lambda: ctx.metrics)
     app.add_middleware(AccessLog)
@@ -169,7 +185,6 @@ def create_app(
             max_age=600,
         )
     app.add_middleware(SecurityHeaders)
-    return app
 
 
 def _query_names(route: Any) -> frozenset[str]:

@@ -231,6 +231,28 @@ def _spec(i: int, tag: str) -> dict[str, Any]:
     }
 
 
+async def _preload(conn: _Conn, headers: dict[str, str], workloads: int) -> None:
+    """Submit ``workloads`` specs, 100 a request: the list has something to show."""
+    for start in range(0, workloads, 100):
+        body = json.dumps([_spec(i, "pre") for i in range(start, min(workloads, start + 100))]).encode()
+        status, data = await conn.request("POST", "/api/v1/workloads", headers, body)
+        if status != 201:
+            raise RuntimeError(f"preloading workloads failed: {status} {data[:200]!r}")
+
+
+async def _poll_list(conn: _Conn, headers: dict[str, str], seconds: float, latencies: list[float],
+                     errors: list[str]) -> None:
+    """GET the workload list for ``seconds``, as a dashboard polls; each latency recorded."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t_get = time.perf_counter()
+        status, data = await conn.request("GET", "/api/v1/workloads?limit=100", headers)
+        latencies.append(time.perf_counter() - t_get)
+        if status != 200:
+            errors.append(f"list {status}: {data[:120]!r}")
+        await asyncio.sleep(0.02)  # a dashboard polls; it does not hammer
+
+
 async def _reads(
     url: str, token: str, *, sse_clients: int, workloads: int, seconds: float, submit_per_s: float,
 ) -> dict[str, Any]:
@@ -238,11 +260,7 @@ async def _reads(
     host, port = url.removeprefix("http://").split(":")
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     conn = await _Conn.open(host, int(port))
-    for start in range(0, workloads, 100):  # preload: the list has something to show
-        body = json.dumps([_spec(i, "pre") for i in range(start, min(workloads, start + 100))]).encode()
-        status, data = await conn.request("POST", "/api/v1/workloads", headers, body)
-        if status != 201:
-            raise RuntimeError(f"preloading workloads failed: {status} {data[:200]!r}")
+    await _preload(conn, headers, workloads)
 
     connected = 0
     events = [0]
@@ -295,14 +313,7 @@ async def _reads(
         await asyncio.sleep(0.05)
     sub = await _Conn.open(host, int(port))
     sub_task = asyncio.create_task(submitter(sub))
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t_get = time.perf_counter()
-        status, data = await conn.request("GET", "/api/v1/workloads?limit=100", headers)
-        latencies.append(time.perf_counter() - t_get)
-        if status != 200:
-            errors.append(f"list {status}: {data[:120]!r}")
-        await asyncio.sleep(0.02)  # a dashboard polls; it does not hammer
+    await _poll_list(conn, headers, seconds, latencies, errors)
     stop.set()
     await sub_task
     for task in tasks:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -35,12 +36,36 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 
 
+@dataclass
+class _Figures:
+    """What the collector reads from the control plane, under the engine lock, at one scrape."""
+
+    depth: dict[str, int]  # queue -> workloads waiting for placement
+    states: dict[str, int]  # lifecycle state -> workloads
+    nodes: dict[str, int]  # node status -> nodes
+    gpus: int  # milli-GPUs in the cluster
+    used: int  # milli-GPUs held
+    counters: dict[str, int]
+    version: int
+    #: (node, model, status, gpu cap, gpu used, cpu cap, cpu used, ram cap, ram used)
+    per_node: list[tuple[str, str, str, int, int, int, int, int, int]]
+    running: dict[str, int]  # queue -> workloads holding resources
+    queue_gpu: dict[str, int]  # queue -> milli-GPUs held
+
+
 class _EngineCollector(Collector):
     def __init__(self, engine: Engine, streams: StreamStats) -> None:
         self.engine = engine
         self.streams = streams
 
     def collect(self) -> Iterator[Any]:
+        f = self._read()
+        yield from self._cluster_families(f)
+        yield from self._node_families(f)
+        yield from self._queue_families(f)
+        yield from self._stream_families()
+
+    def _read(self) -> _Figures:
         eng = self.engine
         cp = eng.cp
         with eng.lock:
@@ -73,31 +98,37 @@ class _EngineCollector(Collector):
                 if w.placement:
                     running[w.queue] = running.get(w.queue, 0) + 1
                     queue_gpu[w.queue] = queue_gpu.get(w.queue, 0) + sum(a.res.gpu for a in w.placement)
+        return _Figures(depth, states, nodes, gpus, used, counters, version, per_node, running,
+                        queue_gpu)
+
+    def _cluster_families(self, f: _Figures) -> Iterator[Any]:
         g = GaugeMetricFamily("mlwe_queue_depth", "workloads waiting for placement", labels=["queue"])
-        for q, n in sorted(depth.items()):
+        for q, n in sorted(f.depth.items()):
             g.add_metric([q], n)
         yield g
         g = GaugeMetricFamily("mlwe_workloads", "workloads by lifecycle state", labels=["state"])
-        for s, n in states.items():
+        for s, n in f.states.items():
             g.add_metric([s], n)
         yield g
         g = GaugeMetricFamily("mlwe_nodes", "nodes by status", labels=["status"])
-        for s, n in nodes.items():
+        for s, n in f.nodes.items():
             g.add_metric([s], n)
         yield g
-        yield GaugeMetricFamily("mlwe_gpus", "GPUs in the cluster", value=gpus / 1000)
-        yield GaugeMetricFamily("mlwe_gpus_allocated", "GPUs held by workloads", value=used / 1000)
-        yield GaugeMetricFamily("mlwe_state_version", "control-plane state version", value=version)
+        yield GaugeMetricFamily("mlwe_gpus", "GPUs in the cluster", value=f.gpus / 1000)
+        yield GaugeMetricFamily("mlwe_gpus_allocated", "GPUs held by workloads", value=f.used / 1000)
+        yield GaugeMetricFamily("mlwe_state_version", "control-plane state version", value=f.version)
         yield CounterMetricFamily(
-            "mlwe_admissions", "placements applied (admissions)", value=counters.get("place", 0)
+            "mlwe_admissions", "placements applied (admissions)", value=f.counters.get("place", 0)
         )
         yield CounterMetricFamily(
-            "mlwe_preemptions", "preemptions applied", value=counters.get("preempt", 0)
+            "mlwe_preemptions", "preemptions applied", value=f.counters.get("preempt", 0)
         )
         c = CounterMetricFamily("mlwe_actions", "actions applied by kind", labels=["kind"])
-        for k, n in sorted(counters.items()):
+        for k, n in sorted(f.counters.items()):
             c.add_metric([k], n)
         yield c
+
+    def _node_families(self, f: _Figures) -> Iterator[Any]:
         # per node, per GPU model, per queue (Prometheus conventions: base units, _total counters)
         labels = ["node", "gpu_model", "status"]
         fams = {
@@ -112,7 +143,7 @@ class _EngineCollector(Collector):
                                           labels=labels),
         }
         by_model: dict[str, list[int]] = {}
-        for name, model, status, gcap, gused, ccap, cused, rcap, rused in per_node:
+        for name, model, status, gcap, gused, ccap, cused, rcap, rused in f.per_node:
             lv = [name, model, status]
             fams["gpus"].add_metric(lv, gcap / 1000)
             fams["gpus_used"].add_metric(lv, gused / 1000)
@@ -132,19 +163,23 @@ class _EngineCollector(Collector):
             ga.add_metric([model], used_g / 1000)
         yield g
         yield ga
+
+    def _queue_families(self, f: _Figures) -> Iterator[Any]:
         g = GaugeMetricFamily("mlwe_queue_pending_workloads", "workloads waiting, per queue", labels=["queue"])
-        for q, n in sorted(depth.items()):
+        for q, n in sorted(f.depth.items()):
             g.add_metric([q], n)
         yield g
         g = GaugeMetricFamily("mlwe_queue_running_workloads", "workloads holding resources, per queue",
                               labels=["queue"])
-        for q, n in sorted(running.items()):
+        for q, n in sorted(f.running.items()):
             g.add_metric([q], n)
         yield g
         g = GaugeMetricFamily("mlwe_queue_gpus_allocated", "GPUs held by a queue's workloads", labels=["queue"])
-        for q, n in sorted(queue_gpu.items()):
+        for q, n in sorted(f.queue_gpu.items()):
             g.add_metric([q], n / 1000)
         yield g
+
+    def _stream_families(self) -> Iterator[Any]:
         yield GaugeMetricFamily("mlwe_stream_clients", "connected stream clients", value=self.streams.clients)
         yield CounterMetricFamily("mlwe_stream_events_sent", "stream events sent", value=self.streams.sent)
         yield CounterMetricFamily(

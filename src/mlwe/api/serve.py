@@ -149,36 +149,8 @@ def build_service(
     create_admin: bool = True,
 ) -> Service:
     clock = WallClock(speed=speed)
-    if cluster is None:
-        cluster = local_cluster() if backend == "local" else DEFAULT_CLUSTER
-    if backend == "ray" and cluster is DEFAULT_CLUSTER:
-        if ray_address != "local":
-            raise ServeError("--backend ray needs --cluster FILE describing the Ray cluster's nodes")
-        cluster = local_cluster()  # a Ray cluster started here, shaped like --backend local's
-    if backend == "slurm" and cluster is DEFAULT_CLUSTER:
-        # the cluster is what Slurm says it is (its node table, the partition's nodes)
-        from mlwe.backends.slurm import SlurmCommands, SlurmError, discover_cluster
-
-        opts = dict(slurm or {})
-        try:
-            cluster = discover_cluster(
-                SlurmCommands(slurm_conf=opts.get("slurm_conf"), bin_dir=opts.get("bin_dir")),
-                opts.get("partition"))
-        except SlurmError as exc:
-            raise ServeError(f"the slurm backend cannot read Slurm's nodes: {exc}") from exc
-    if backend == "slurm":
-        slurm = {k: v for k, v in dict(slurm or {}).items() if v is not None}
-        # job scripts, reports and checkpoints must outlive the engine (a restart adopts
-        # its jobs) and be seen by the nodes: under the data dir unless told otherwise
-        slurm.setdefault("run_dir", str(Path(data_dir or ".mlwe") / "slurm"))
-    try:
-        inner = make_backend(backend, clock, cluster, seed=seed, telemetry_s=SIM_TELEMETRY_S,
-                             default_duration_s=SIM_DEFAULT_DURATION_S, ray_address=ray_address,
-                             slurm=slurm)
-    except UnknownBackend as exc:
-        raise ServeError(str(exc)) from None
-    except (ImportError, OSError, RuntimeError, TimeoutError) as exc:
-        raise ServeError(f"the {backend} backend did not start: {exc}") from exc
+    cluster, inner = _start_backend(backend, clock, cluster, data_dir=data_dir, seed=seed,
+                                    ray_address=ray_address, slurm=slurm)
     be = FaultInjector(inner, clock)
     engine = Engine.open(
         cluster,
@@ -220,6 +192,44 @@ def build_service(
     if ingress is not None:
         svc.extras["ingress"] = ingress
     return svc
+
+
+def _start_backend(
+    backend: str, clock: WallClock, cluster: ClusterSpec | None, *, data_dir: str | Path | None,
+    seed: int, ray_address: str | None, slurm: Mapping[str, Any] | None,
+) -> tuple[ClusterSpec, Any]:
+    """The cluster (given, the default, or what Ray / Slurm say it is) and its backend, started."""
+    if cluster is None:
+        cluster = local_cluster() if backend == "local" else DEFAULT_CLUSTER
+    if backend == "ray" and cluster is DEFAULT_CLUSTER:
+        if ray_address != "local":
+            raise ServeError("--backend ray needs --cluster FILE describing the Ray cluster's nodes")
+        cluster = local_cluster()  # a Ray cluster started here, shaped like --backend local's
+    if backend == "slurm" and cluster is DEFAULT_CLUSTER:
+        # the cluster is what Slurm says it is (its node table, the partition's nodes)
+        from mlwe.backends.slurm import SlurmCommands, SlurmError, discover_cluster
+
+        opts = dict(slurm or {})
+        try:
+            cluster = discover_cluster(
+                SlurmCommands(slurm_conf=opts.get("slurm_conf"), bin_dir=opts.get("bin_dir")),
+                opts.get("partition"))
+        except SlurmError as exc:
+            raise ServeError(f"the slurm backend cannot read Slurm's nodes: {exc}") from exc
+    if backend == "slurm":
+        slurm = {k: v for k, v in dict(slurm or {}).items() if v is not None}
+        # job scripts, reports and checkpoints must outlive the engine (a restart adopts
+        # its jobs) and be seen by the nodes: under the data dir unless told otherwise
+        slurm.setdefault("run_dir", str(Path(data_dir or ".mlwe") / "slurm"))
+    try:
+        inner = make_backend(backend, clock, cluster, seed=seed, telemetry_s=SIM_TELEMETRY_S,
+                             default_duration_s=SIM_DEFAULT_DURATION_S, ray_address=ray_address,
+                             slurm=slurm)
+    except UnknownBackend as exc:
+        raise ServeError(str(exc)) from None
+    except (ImportError, OSError, RuntimeError, TimeoutError) as exc:
+        raise ServeError(f"the {backend} backend did not start: {exc}") from exc
+    return cluster, inner
 
 
 def _check_bus(url: str) -> str:

@@ -155,20 +155,7 @@ async def submit(
         if replay is not None:
             return replay
     specs = await _specs(request, ctx)
-    denied = policy_denials(principal, specs)
-    if denied:
-        raise ApiError(
-            403, f"token {principal.name!r} is not allowed to submit this; nothing was stored", denied
-        )
-    wait = ctx.limiter.take(principal.token_id, len(specs))
-    if wait:
-        retry = "3600" if math.isinf(wait) else str(max(1, math.ceil(wait)))
-        raise ApiError(
-            429,
-            f"submission rate limit: {ctx.limiter.rate:g} workloads/s per token"
-            f" (bursts of {ctx.limiter.burst:g}); retry in {retry} s",
-            headers={"Retry-After": retry},
-        )
+    _admit(ctx, principal, specs)
     owner = {views.OWNER_LABEL: principal.name, views.OWNER_SUBJECT_LABEL: principal.subject}
     owned = [s.model_copy(update={"labels": {**s.labels, **owner}}) for s in specs]
     cid = scoped_correlation_id(principal, x_correlation_id) if x_correlation_id else new_correlation_id()
@@ -200,6 +187,24 @@ async def submit(
              for r in result.rejections],
         )
     return _answer(result, cid)
+
+
+def _admit(ctx: ApiContext, principal: Principal, specs: list[WorkloadSpec]) -> None:
+    """403 when the token's policy does not allow the specs, 429 when its rate is spent."""
+    denied = policy_denials(principal, specs)
+    if denied:
+        raise ApiError(
+            403, f"token {principal.name!r} is not allowed to submit this; nothing was stored", denied
+        )
+    wait = ctx.limiter.take(principal.token_id, len(specs))
+    if wait:
+        retry = "3600" if math.isinf(wait) else str(max(1, math.ceil(wait)))
+        raise ApiError(
+            429,
+            f"submission rate limit: {ctx.limiter.rate:g} workloads/s per token"
+            f" (bursts of {ctx.limiter.burst:g}); retry in {retry} s",
+            headers={"Retry-After": retry},
+        )
 
 
 def _inadmissible(reasons: tuple[str, ...]) -> bool:
