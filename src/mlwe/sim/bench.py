@@ -92,6 +92,92 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
+def _fill_running(cp: ControlPlane, sched: Scheduler, rng: random.Random, clock: ManualClock, running: int) -> None:
+    """``running`` low-priority workloads placed by the scheduler and started; what did not
+    fit is withdrawn (the scenario is R running, P pending)."""
+    cp.apply([Submit(synthetic_job(rng, i, rng.choice([10, 20]), "r")) for i in range(running)])
+    sched.run_cycle(cp)
+    _start_all(cp)
+    cp.apply([Cancel(w.id) for w in cp.queued_workloads()])
+    clock.advance(7200)
+
+
+def _throughput(cp: ControlPlane, sched: Scheduler, rng: random.Random, pending: int) -> tuple[int, float]:
+    """``pending`` workloads placed by full cycles: (placed, seconds)."""
+    placed = 0
+    place_s = 0.0
+    if pending:
+        cp.apply([Submit(synthetic_job(rng, i, rng.choice([20, 50]), "p")) for i in range(pending)])
+        before = cp.counters.get("place", 0)
+        t = time.perf_counter()
+        for _ in range(3):
+            res = sched.run_cycle(cp)
+            if not res.accepted or cp.counters.get("place", 0) == before + placed:
+                break
+            placed = cp.counters.get("place", 0) - before
+        place_s = time.perf_counter() - t
+        placed = cp.counters.get("place", 0) - before
+        _start_all(cp)
+    return placed, place_s
+
+
+def _placement_latency(cp: ControlPlane, sched: Scheduler, rng: random.Random, samples: int) -> list[float]:
+    """Seconds of one cycle that places one arriving workload, ``samples`` times; the queue
+    left as it was so every sample sees the same backlog."""
+    lat: list[float] = []
+    for i in range(samples):
+        spec = synthetic_job(rng, i, 30, "l")
+        cp.apply([Submit(spec)])
+        t = time.perf_counter()
+        sched.run_cycle(cp)
+        dt = time.perf_counter() - t
+        w = cp.get(spec.id or "")
+        if w.state is State.ADMITTED:
+            lat.append(dt)
+        # leave the queue as it was so every sample sees the same backlog
+        if w.state is State.ADMITTED:
+            cp.apply([Start(w.id, w.attempt)])
+            cp.apply([Exited(w.id, w.attempt, 0)])
+        elif w.state is State.PENDING:
+            cp.apply([Cancel(w.id)])
+    return lat
+
+
+def _preemption_latency(cp: ControlPlane, sched: Scheduler, clock: ManualClock, preemptions: int, nodes: int,
+                        gpus_per_node: int) -> list[float]:
+    """Urgent whole-node jobs arrive into the busy cluster; the first ones may still find a
+    free node, the rest must preempt. Only cycles that decide a preemption are timed."""
+    pre: list[float] = []
+    for i in range(preemptions + nodes):
+        if len(pre) >= preemptions:
+            break
+        spec = WorkloadSpec(
+            id=f"u{i}",
+            name=f"urgent {i}",
+            priority=1000,
+            resources={"gpu": gpus_per_node, "cpu": 8, "memory": 65536},
+            estimated_duration=3600,
+        )
+        cp.apply([Submit(spec)])
+        t = time.perf_counter()
+        sched.run_cycle(cp)
+        dt = time.perf_counter() - t
+        w = cp.get(f"u{i}")
+        if w.victims:
+            pre.append(dt)
+            cp.apply([Released(v, cp.get(v).attempt) for v in w.victims])
+            sched.run_cycle(cp)
+        if w.state is State.ADMITTED:
+            cp.apply([Start(w.id, w.attempt)])
+            cp.apply([Started(w.id, w.attempt)])
+        else:
+            cp.apply([Cancel(w.id)])
+        # the preempted go back to the queue; withdraw them to keep the scenario fixed
+        cp.apply([Cancel(q.id) for q in cp.queued_workloads()])
+        clock.advance(1.0)
+    return pre
+
+
 def bench_core(
     nodes: int = 1000,
     gpus_per_node: int = 8,
@@ -115,81 +201,19 @@ def bench_core(
     sched = default_scheduler() if policy == "mlwe" else Scheduler()
     # running work, low priority, placed through the scheduler and started
     if running:
-        cp.apply([Submit(synthetic_job(rng, i, rng.choice([10, 20]), "r")) for i in range(running)])
-        sched.run_cycle(cp)
-        _start_all(cp)
-        # what did not fit is withdrawn: the scenario is R running, P pending
-        cp.apply([Cancel(w.id) for w in cp.queued_workloads()])
-        clock.advance(7200)
+        _fill_running(cp, sched, rng, clock, running)
     running_now = sum(1 for w in cp.workloads.values() if w.state is State.RUNNING)
     # a long-lived engine freezes its start-up heap so the cyclic GC stops rescanning
     # tens of thousands of live records on every collection (as servers do after boot)
     gc.collect()
     gc.freeze()
     # throughput: one big queue placed by full cycles
-    placed = 0
-    place_s = 0.0
-    if pending:
-        cp.apply([Submit(synthetic_job(rng, i, rng.choice([20, 50]), "p")) for i in range(pending)])
-        before = cp.counters.get("place", 0)
-        t = time.perf_counter()
-        for _ in range(3):
-            res = sched.run_cycle(cp)
-            if not res.accepted or cp.counters.get("place", 0) == before + placed:
-                break
-            placed = cp.counters.get("place", 0) - before
-        place_s = time.perf_counter() - t
-        placed = cp.counters.get("place", 0) - before
-        _start_all(cp)
+    placed, place_s = _throughput(cp, sched, rng, pending)
     # latency: one arriving workload, one cycle, on the cluster as it now is
-    lat: list[float] = []
-    for i in range(latency_samples):
-        spec = synthetic_job(rng, i, 30, "l")
-        cp.apply([Submit(spec)])
-        t = time.perf_counter()
-        sched.run_cycle(cp)
-        dt = time.perf_counter() - t
-        w = cp.get(spec.id or "")
-        if w.state is State.ADMITTED:
-            lat.append(dt)
-        # leave the queue as it was so every sample sees the same backlog
-        if w.state is State.ADMITTED:
-            cp.apply([Start(w.id, w.attempt)])
-            cp.apply([Exited(w.id, w.attempt, 0)])
-        elif w.state is State.PENDING:
-            cp.apply([Cancel(w.id)])
-    # preemption: urgent whole-node jobs arrive into the busy cluster; the first ones
-    # may still find a free node, the rest must preempt. Only cycles that decide a
-    # preemption are timed.
-    pre: list[float] = []
-    if running_now:
-        for i in range(preemptions + nodes):
-            if len(pre) >= preemptions:
-                break
-            spec = WorkloadSpec(
-                id=f"u{i}",
-                name=f"urgent {i}",
-                priority=1000,
-                resources={"gpu": gpus_per_node, "cpu": 8, "memory": 65536},
-                estimated_duration=3600,
-            )
-            cp.apply([Submit(spec)])
-            t = time.perf_counter()
-            sched.run_cycle(cp)
-            dt = time.perf_counter() - t
-            w = cp.get(f"u{i}")
-            if w.victims:
-                pre.append(dt)
-                cp.apply([Released(v, cp.get(v).attempt) for v in w.victims])
-                sched.run_cycle(cp)
-            if w.state is State.ADMITTED:
-                cp.apply([Start(w.id, w.attempt)])
-                cp.apply([Started(w.id, w.attempt)])
-            else:
-                cp.apply([Cancel(w.id)])
-            # the preempted go back to the queue; withdraw them to keep the scenario fixed
-            cp.apply([Cancel(q.id) for q in cp.queued_workloads()])
-            clock.advance(1.0)
+    lat = _placement_latency(cp, sched, rng, latency_samples)
+    # preemption: urgent whole-node jobs arrive into the busy cluster (only cycles that
+    # decide a preemption are timed)
+    pre = _preemption_latency(cp, sched, clock, preemptions, nodes, gpus_per_node) if running_now else []
     problems = cp.validate_state()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = {

@@ -113,9 +113,19 @@ class Demo:
             self.cycle()
 
 
+_H = 3600.0  # an hour, in seconds
+
+
 def build_demo() -> Demo:
     d = Demo()
-    h = 3600.0
+    _submit_backlog(d)
+    d.at(1.25 * _H, "urgent fine-tune arrives", lambda: _urgent(d))
+    return d
+
+
+def _submit_backlog(d: Demo) -> None:
+    """The cluster's work at the start: embedding shards, a gang, a protected service, ETL."""
+    h = _H
     for i in range(4):
         d.submit(
             _spec(
@@ -173,36 +183,36 @@ def build_demo() -> Demo:
             true_duration=2.5 * h,
         )
 
-    def urgent() -> None:
-        d.submit(
-            _spec(
-                id="ft-llama-urgent",
-                name="urgent LLM fine-tune (customer demo)",
-                kind="fine-tune",
-                priority="urgent",
-                resources={"gpu": 8, "cpu": 32, "memory": "512Gi"},
-                gpu_models=["A100-80GB", "H100-80GB"],
-                min_vram_per_gpu="80Gi",
-                estimated_duration="2h",
-                deadline_in="3h",
-                checkpoint_interval="15m",
-            ),
-            true_duration=1.8 * h,
-        )
-        w = d.cp.get("ft-llama-urgent")
-        verdict = d.scheduler.admission(d.cp, w)
-        d.cp.record(
-            DecisionRecord(
-                kind="admit-deadline",
-                workload=w.id,
-                policy="deadline-admission",
-                chosen=verdict.status.value,
-                reasons=(verdict.reason,),
-            )
-        )
 
-    d.at(1.25 * h, "urgent fine-tune arrives", urgent)
-    return d
+def _urgent(d: Demo) -> None:
+    """The urgent fine-tune arrives; its deadline admission is recorded as a decision."""
+    h = _H
+    d.submit(
+        _spec(
+            id="ft-llama-urgent",
+            name="urgent LLM fine-tune (customer demo)",
+            kind="fine-tune",
+            priority="urgent",
+            resources={"gpu": 8, "cpu": 32, "memory": "512Gi"},
+            gpu_models=["A100-80GB", "H100-80GB"],
+            min_vram_per_gpu="80Gi",
+            estimated_duration="2h",
+            deadline_in="3h",
+            checkpoint_interval="15m",
+        ),
+        true_duration=1.8 * h,
+    )
+    w = d.cp.get("ft-llama-urgent")
+    verdict = d.scheduler.admission(d.cp, w)
+    d.cp.record(
+        DecisionRecord(
+            kind="admit-deadline",
+            workload=w.id,
+            policy="deadline-admission",
+            chosen=verdict.status.value,
+            reasons=(verdict.reason,),
+        )
+    )
 
 
 def run_demo(until_h: float = 12.0) -> Demo:

@@ -125,7 +125,19 @@ def replay(trace: Trace, config: ReplayConfig | None = None) -> ReplayResult:
     summary = metrics.summary(kernel.clock.t, backend.lost_gpu_s)
     jcts = [r.finish - r.submit for r in metrics.jobs.values()
             if r.state == "succeeded" and r.finish is not None]
-    out = {
+    out = _figures(trace, cfg, ckpt=ckpt, forced=forced, wall=wall, kernel=kernel, rec=rec,
+                   summary=summary, estimator=estimator, scheduler=scheduler, cp=cp, counts=counts)
+    return ReplayResult(trace.name, cfg.policy, out, cp, metrics.series, jcts, kept)
+
+
+def _figures(
+    trace: Trace, cfg: ReplayConfig, *, ckpt: CheckpointModel, forced: CheckpointModel | None,
+    wall: float, kernel: Kernel, rec: Reconciler, summary: dict[str, Any], estimator: Any,
+    scheduler: Any, cp: ControlPlane, counts: dict[str, int],
+) -> dict[str, Any]:
+    """The replay's report: what ran (policy, checkpoint model, seed), how fast, the
+    metrics' summary, the estimator's errors, and the checks and decisions made."""
+    return {
         "trace": trace.name,
         "policy": cfg.policy,
         "policy_semantics": POLICY_SEMANTICS.get(cfg.policy, ""),
@@ -155,4 +167,3 @@ def replay(trace: Trace, config: ReplayConfig | None = None) -> ReplayResult:
         "trace_notes": list(trace.notes),
         "skipped_rows": trace.skipped,
     }
-    return ReplayResult(trace.name, cfg.policy, out, cp, metrics.series, jcts, kept)

@@ -359,6 +359,49 @@ def write_plots(results: Sequence[ReplayResult], out_dir: Path) -> list[Path]:
     return paths
 
 
+def _policy_lines(results: Sequence[ReplayResult]) -> list[str]:
+    """Each policy: what it does, its placement, checkpoint model and runtime estimates."""
+    lines: list[str] = []
+    for r in results:
+        sem = r.metrics.get("policy_semantics") or POLICY_SEMANTICS.get(r.policy, "")
+        lines += [f"### {r.policy}", "", " ".join(sem.split()) or "(no description)", ""]
+        extra = []
+        if r.metrics.get("placement"):
+            extra.append(f"- Placement: {r.metrics['placement']}")
+        if r.metrics.get("checkpoint_semantics"):
+            extra.append(
+                f"- Checkpoint model `{r.metrics.get('checkpoint_model')}`:"
+                f" {r.metrics['checkpoint_semantics']}"
+            )
+        est = r.metrics.get("estimator")
+        if est:
+            extra.append(f"- Runtime estimates: {est}")
+        if extra:
+            lines += [*extra, ""]
+    return lines
+
+
+def _deadline_lines(results: Sequence[ReplayResult]) -> list[str]:
+    """Deadlines met, late and unfinished per policy and priority class (or that there are none)."""
+    lines: list[str] = []
+    if _has_deadlines(results):
+        rows = [["policy", "priority class", "jobs", "met", "late", "unfinished", "met %"]]
+        for r in results:
+            outcomes = r.metrics.get("deadline_outcomes_by_priority") or {}
+            for p, o in sorted(outcomes.items(), key=lambda kv: int(kv[0])):
+                n = o["met"] + o["late"] + o["unfinished"]
+                rows.append([r.policy, _priority_label(p), str(n), str(o["met"]), str(o["late"]),
+                             str(o["unfinished"]), _pct(o["met"] / n if n else None)])
+        lines += [
+            *_markdown_table(rows, right_from=2), "",
+            "late: succeeded after its deadline; unfinished: had not succeeded when the replay "
+            "ended (still waiting or running, failed or cancelled).", "",
+        ]
+    else:
+        lines += ["The trace has no deadlines.", ""]
+    return lines
+
+
 # ---------------------------------------------------------------------- report.md
 def _report_md(results: Sequence[ReplayResult], plots: Sequence[Path]) -> str:
     first = results[0]
@@ -386,22 +429,7 @@ def _report_md(results: Sequence[ReplayResult], plots: Sequence[Path]) -> str:
     lines += ["### Trace notes and assumptions", ""]
     lines += [f"- {n}" for n in notes] or ["- (none)"]
     lines += ["", "## Policies", ""]
-    for r in results:
-        sem = r.metrics.get("policy_semantics") or POLICY_SEMANTICS.get(r.policy, "")
-        lines += [f"### {r.policy}", "", " ".join(sem.split()) or "(no description)", ""]
-        extra = []
-        if r.metrics.get("placement"):
-            extra.append(f"- Placement: {r.metrics['placement']}")
-        if r.metrics.get("checkpoint_semantics"):
-            extra.append(
-                f"- Checkpoint model `{r.metrics.get('checkpoint_model')}`:"
-                f" {r.metrics['checkpoint_semantics']}"
-            )
-        est = r.metrics.get("estimator")
-        if est:
-            extra.append(f"- Runtime estimates: {est}")
-        if extra:
-            lines += [*extra, ""]
+    lines += _policy_lines(results)
     lines += ["## Comparison", "", *_markdown_table(_cells(results)), ""]
     lines += [
         "Definitions: JCT = finish - submit of jobs that succeeded; queueing delay = first "
@@ -416,21 +444,7 @@ def _report_md(results: Sequence[ReplayResult], plots: Sequence[Path]) -> str:
         "",
     ]
     lines += ["## Deadline outcomes by priority class", ""]
-    if _has_deadlines(results):
-        rows = [["policy", "priority class", "jobs", "met", "late", "unfinished", "met %"]]
-        for r in results:
-            outcomes = r.metrics.get("deadline_outcomes_by_priority") or {}
-            for p, o in sorted(outcomes.items(), key=lambda kv: int(kv[0])):
-                n = o["met"] + o["late"] + o["unfinished"]
-                rows.append([r.policy, _priority_label(p), str(n), str(o["met"]), str(o["late"]),
-                             str(o["unfinished"]), _pct(o["met"] / n if n else None)])
-        lines += [
-            *_markdown_table(rows, right_from=2), "",
-            "late: succeeded after its deadline; unfinished: had not succeeded when the replay "
-            "ended (still waiting or running, failed or cancelled).", "",
-        ]
-    else:
-        lines += ["The trace has no deadlines.", ""]
+    lines += _deadline_lines(results)
     lines += ["## Plots", ""]
     for p in plots:
         lines += [f"![{p.stem}]({p.name})", ""]

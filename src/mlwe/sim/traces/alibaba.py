@@ -104,28 +104,7 @@ def load_alibaba(
         skip_bad_rows=skip_bad_rows,
     )
     raws: list[_RawJob] = [r for r, _, _ in rows]
-    never = sum(1 for _, scheduled, _ in rows if not scheduled)
-    end = max((deleted for _, _, deleted in rows), default=0.0)
-    censored = sum(
-        1 for r, _, deleted in rows if deleted == end and r.labels.get("pod_phase") == "Running"
-    )
-    phases = Counter(r.labels.get("pod_phase", "") for r in raws)
-    notes = [
-        "G2 and G3 are undisclosed Alibaba GPU models: catalogue models G2 and G3 with an"
-        " assumed 32 GiB VRAM each (no pod asks VRAM, so only fractional-GPU VRAM shares use it);"
-        " V100M16 -> V100-16GB, V100M32 -> V100-32GB, P100/T4/A10 as named",
-        "qos -> priority: LS 100, Guaranteed 80, Burstable 50, BE 10; LS pods are kind"
-        " inference, the rest other; queue default; no user estimates (estimated_duration None)",
-        "num_gpu 1 with gpu_milli < 1000 is a fractional GPU (gpu = gpu_milli milli-GPU);"
-        " num_gpu > 1 asks that many whole GPUs; num_gpu 0 pods are CPU-only; gpu_spec"
-        " ('|'-separated, empty = any) -> gpu_models",
-        "submit = creation_time; duration = deletion_time - scheduled_time, or deletion_time -"
-        f" creation_time for the {never} pod(s) never scheduled in the trace (Pending)",
-        "every pod_phase is replayed ("
-        + ", ".join(f"{k or '?'} {v}" for k, v in sorted(phases.items()))
-        + f"); {censored} pod(s) still Running at the trace end ({end:.0f} s) have censored"
-        " durations",
-    ]
+    notes = _alibaba_notes(rows)
     def default() -> tuple[ClusterSpec, list[str]]:
         nodes = _alibaba_nodes(root, nodes_label, cat)
         use = _cluster_of(cat, nodes)
@@ -146,6 +125,32 @@ def load_alibaba(
         skip_bad_rows=skip_bad_rows,
         clamp=clamp,
     )
+
+
+def _alibaba_notes(rows: list[tuple[_RawJob, bool, float]]) -> list[str]:
+    """The trace's assumptions, and what its pods say (never scheduled, phases, censored)."""
+    never = sum(1 for _, scheduled, _ in rows if not scheduled)
+    end = max((deleted for _, _, deleted in rows), default=0.0)
+    censored = sum(
+        1 for r, _, deleted in rows if deleted == end and r.labels.get("pod_phase") == "Running"
+    )
+    phases = Counter(r.labels.get("pod_phase", "") for r, _, _ in rows)
+    return [
+        "G2 and G3 are undisclosed Alibaba GPU models: catalogue models G2 and G3 with an"
+        " assumed 32 GiB VRAM each (no pod asks VRAM, so only fractional-GPU VRAM shares use it);"
+        " V100M16 -> V100-16GB, V100M32 -> V100-32GB, P100/T4/A10 as named",
+        "qos -> priority: LS 100, Guaranteed 80, Burstable 50, BE 10; LS pods are kind"
+        " inference, the rest other; queue default; no user estimates (estimated_duration None)",
+        "num_gpu 1 with gpu_milli < 1000 is a fractional GPU (gpu = gpu_milli milli-GPU);"
+        " num_gpu > 1 asks that many whole GPUs; num_gpu 0 pods are CPU-only; gpu_spec"
+        " ('|'-separated, empty = any) -> gpu_models",
+        "submit = creation_time; duration = deletion_time - scheduled_time, or deletion_time -"
+        f" creation_time for the {never} pod(s) never scheduled in the trace (Pending)",
+        "every pod_phase is replayed ("
+        + ", ".join(f"{k or '?'} {v}" for k, v in sorted(phases.items()))
+        + f"); {censored} pod(s) still Running at the trace end ({end:.0f} s) have censored"
+        " durations",
+    ]
 
 
 def _alibaba_nodes(root: Path, label: str, catalog: GpuCatalog) -> list[NodeSpec]:
