@@ -89,6 +89,67 @@ def independent_check(cp: ControlPlane, actions: Sequence[dict[str, Any]]) -> li
     return bad
 
 
+@dataclass
+class _Tally:
+    """What became of the deliberations' proposals, over every run of a soak."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    rejected_by_reason: Counter[str] = field(default_factory=Counter)
+    refused_by_reason: Counter[str] = field(default_factory=Counter)
+    fallbacks: int = 0
+    proposals: int = 0
+    accepted: int = 0
+
+    def count(self, records: Sequence[dict[str, Any]]) -> None:
+        """One run's reasoning records (those made after the budget was spent left out)."""
+        for rec in records:
+            trace = rec.get("trace") or {}
+            if BUDGET_SPENT in (trace.get("why") or ()):
+                continue
+            outcome = rec["outcome"]
+            self.outcomes[outcome] += 1
+            if str(trace.get("reasoner", "")).startswith("rules (fallback"):
+                self.fallbacks += 1
+            if trace.get("chose", "nothing") != "nothing":
+                self.proposals += 1
+                if outcome == "committed":
+                    self.accepted += 1
+                elif outcome in ("not-verified", "rejected", "stale"):
+                    for r in rec.get("reasons") or ():
+                        self.rejected_by_reason[reason_class(r)] += 1
+            for call in trace.get("tool_calls") or ():
+                summary = str(call.get("summary", ""))
+                if summary.startswith("refused by the guardrail"):
+                    self.refused_by_reason[reason_class(summary)] += 1
+
+
+def _run_figures(sc: Any, name: str, run_seed: int, deliberations: int, world: Any,
+                 base: Any) -> dict[str, Any]:
+    """One scenario run: its expectations met, and its KPIs against doing nothing."""
+    expectations = sc.expect(world, base)
+    a_kpi, b_kpi = sc.kpis(world), sc.kpis(base)
+    return {
+        "scenario": name,
+        "seed": run_seed,
+        "deliberations": deliberations,
+        "committed": world.committed(),
+        "passed": sum(1 for _, ok, _ in expectations if ok),
+        "expectations": len(expectations),
+        "kpis": a_kpi,
+        "baseline": b_kpi,
+        "delta": {k: round(a_kpi[k] - b_kpi[k], 3) for k in a_kpi if k in b_kpi},
+    }
+
+
+def _deltas(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each KPI's change against doing nothing, summed over the runs."""
+    deltas: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["delta"].items():
+            deltas[k] = round(deltas.get(k, 0.0) + v, 3)
+    return deltas
+
+
 def soak(
     reasoner: Reasoner,
     n: int,
@@ -102,11 +163,7 @@ def soak(
         raise ValueError("n (deliberations) must be at least 1")
     chosen = check_scenarios(scenarios)
     metered = MeteredReasoner(reasoner, n)
-    outcomes: Counter[str] = Counter()
-    rejected_by_reason: Counter[str] = Counter()
-    refused_by_reason: Counter[str] = Counter()
-    fallbacks = 0
-    proposals = accepted = 0
+    tally = _Tally()
     checks_total = Checks()
     runs: list[dict[str, Any]] = []
     think_ms: list[float] = []
@@ -126,53 +183,20 @@ def soak(
             base = run_world(sc, with_agent=False, seed=run_seed)
             agent = world.agent
             assert agent is not None
-            for rec in agent.records:
-                trace = rec.get("trace") or {}
-                if BUDGET_SPENT in (trace.get("why") or ()):
-                    continue
-                outcome = rec["outcome"]
-                outcomes[outcome] += 1
-                if str(trace.get("reasoner", "")).startswith("rules (fallback"):
-                    fallbacks += 1
-                if trace.get("chose", "nothing") != "nothing":
-                    proposals += 1
-                    if outcome == "committed":
-                        accepted += 1
-                    elif outcome in ("not-verified", "rejected", "stale"):
-                        for r in rec.get("reasons") or ():
-                            rejected_by_reason[reason_class(r)] += 1
-                for call in trace.get("tool_calls") or ():
-                    summary = str(call.get("summary", ""))
-                    if summary.startswith("refused by the guardrail"):
-                        refused_by_reason[reason_class(summary)] += 1
+            tally.count(agent.records)
             think_ms += list(agent.stats.think_ms)
             checks_total.rounds += checks.rounds
             checks_total.violations += checks.violations
             checks_total.accepted_checked += checks.accepted_checked
             checks_total.invalid_accepted += checks.invalid_accepted
-            expectations = sc.expect(world, base)
-            a_kpi, b_kpi = sc.kpis(world), sc.kpis(base)
-            runs.append({
-                "scenario": name,
-                "seed": run_seed,
-                "deliberations": metered.deliberations - before,
-                "committed": world.committed(),
-                "passed": sum(1 for _, ok, _ in expectations if ok),
-                "expectations": len(expectations),
-                "kpis": a_kpi,
-                "baseline": b_kpi,
-                "delta": {k: round(a_kpi[k] - b_kpi[k], 3) for k in a_kpi if k in b_kpi},
-            })
+            runs.append(_run_figures(sc, name, run_seed, metered.deliberations - before, world, base))
             if progress is not None:
                 progress(f"{name} seed {run_seed}: {metered.deliberations}/{n} deliberations,"
                          f" committed {world.committed() or '-'}")
         cycle += 1
         if metered.deliberations == before_cycle:  # the worlds raise no finding at all
             break
-    deltas: dict[str, float] = {}
-    for r in runs:
-        for k, v in r["delta"].items():
-            deltas[k] = round(deltas.get(k, 0.0) + v, 3)
+    deltas = _deltas(runs)
     lat = metered.latency_ms
     return {
         "reasoner": reasoner.name,
@@ -183,14 +207,14 @@ def soak(
                        "max": round(max(lat), 1) if lat else 0.0},
         "deliberation_with_forecast_ms": {"p50": _pct(think_ms, 0.5),
                                           "p95": _pct(think_ms, 0.95)},
-        "proposals": proposals,
-        "accepted": accepted,
-        "rejected": proposals - accepted,
-        "outcomes": dict(sorted(outcomes.items())),
-        "rejected_by_reason": dict(rejected_by_reason.most_common()),
-        "refused_tool_calls_by_reason": dict(refused_by_reason.most_common()),
+        "proposals": tally.proposals,
+        "accepted": tally.accepted,
+        "rejected": tally.proposals - tally.accepted,
+        "outcomes": dict(sorted(tally.outcomes.items())),
+        "rejected_by_reason": dict(tally.rejected_by_reason.most_common()),
+        "refused_tool_calls_by_reason": dict(tally.refused_by_reason.most_common()),
         "failed_deliberations": dict(metered.errors.most_common()),
-        "fallbacks_to_rules": fallbacks,
+        "fallbacks_to_rules": tally.fallbacks,
         "invariant_checks": checks_total.rounds,
         "invariant_violations": checks_total.violations,
         "accepted_checked": checks_total.accepted_checked,

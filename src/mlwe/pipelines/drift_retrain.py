@@ -32,6 +32,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,24 @@ def build_supervisor(
             subject=f"{MODEL}:v{st['version']}",
         )
 
+    retrain = _retrain_rule(st, cfg, train_spec, labels_dir)
+
+    read_candidate = _candidate_sensor(note)
+
+    sup.sensor("confidence-drift", read_drift, Interval(0.2))
+    sup.rule("retrain-on-drift", "confidence-drift", retrain)
+    sup.sensor(
+        "candidate-registered", read_candidate,
+        OnEvent(("model.registered",), where=lambda ev: ev.data["model"]["name"] == MODEL),
+    )
+    sup.rule("promote-if-better", "candidate-registered", _promote)
+
+
+def _retrain_rule(
+    st: dict[str, Any], cfg: DriftConfig, train_spec: PipelineSpec, labels_dir: Path,
+) -> Callable[[Supervisor, Observation], Decision | None]:
+    """Retrain once per drift episode, when enough labelled batches came since its onset."""
+
     def retrain(s: Supervisor, obs: Observation) -> Decision | None:
         if st["retrain_run"] is not None:
             return None  # one retraining per drift episode
@@ -265,6 +284,14 @@ def build_supervisor(
             considered=("wait for more labels", "retrain now", "roll back"),
         )
 
+    return retrain
+
+
+def _candidate_sensor(
+    note: Callable[..., None],
+) -> Callable[[Supervisor, PipelineEvent | None], Observation | None]:
+    """A registered candidate of the model, as an observation (and a timeline note)."""
+
     def read_candidate(s: Supervisor, ev: PipelineEvent | None) -> Observation | None:
         if ev is None:
             return None
@@ -278,28 +305,24 @@ def build_supervisor(
             subject=f"{MODEL}:v{mv['version']}",
         )
 
-    def promote(s: Supervisor, obs: Observation) -> Decision | None:
-        m = obs.evidence["metrics"]
-        base = m.get("baseline_accuracy")
-        why = (
-            f"candidate v{obs.evidence['version']}: accuracy {m.get('accuracy')} on the held-out"
-            + (f" recent set vs production's {base}" if base is not None
-               else " set; no production model yet")
-        )
-        return Decision(
-            "promote-model",
-            {"model": MODEL, "version": obs.evidence["version"], "metric": "accuracy"},
-            rationale=why,
-            considered=("promote", "keep production"),
-        )
+    return read_candidate
 
-    sup.sensor("confidence-drift", read_drift, Interval(0.2))
-    sup.rule("retrain-on-drift", "confidence-drift", retrain)
-    sup.sensor(
-        "candidate-registered", read_candidate,
-        OnEvent(("model.registered",), where=lambda ev: ev.data["model"]["name"] == MODEL),
+
+def _promote(s: Supervisor, obs: Observation) -> Decision | None:
+    """Promote a registered candidate, saying why (its accuracy against production's)."""
+    m = obs.evidence["metrics"]
+    base = m.get("baseline_accuracy")
+    why = (
+        f"candidate v{obs.evidence['version']}: accuracy {m.get('accuracy')} on the held-out"
+        + (f" recent set vs production's {base}" if base is not None
+           else " set; no production model yet")
     )
-    sup.rule("promote-if-better", "candidate-registered", promote)
+    return Decision(
+        "promote-model",
+        {"model": MODEL, "version": obs.evidence["version"], "metric": "accuracy"},
+        rationale=why,
+        considered=("promote", "keep production"),
+    )
 
 
 # ======================================================================= run

@@ -136,13 +136,53 @@ def loss_at(mode: str, p: float, at: float, rng: random.Random) -> float:
     return base
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def _args_ok(args: argparse.Namespace) -> bool:
+    """Whether the arguments go together; else say why on stderr."""
     if args.work <= 0:
         print("--work must be positive", file=sys.stderr)
-        return 2
+        return False
     if (args.hold_at is None) != (args.hold_file is None) or not 0 <= (args.hold_at or 0) <= 1:
         print("--hold-at (a fraction in [0, 1]) and --hold-file go together", file=sys.stderr)
+        return False
+    return True
+
+
+def _spawn_children(args: argparse.Namespace) -> list[subprocess.Popen[bytes]]:
+    """The ``--children`` child processes, each holding ``--child-memory``."""
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(args.child_memory),
+             "1" if args.children_ignore_sigterm else "0"]
+        )
+        for _ in range(args.children)
+    ]
+
+
+def _duty(phases: list[tuple[float, float]], pos: float) -> float:
+    """The duty cycle of the phase ``pos`` seconds into the cycle of phases."""
+    duty = phases[-1][0]
+    for d, s in phases:
+        if pos < s:
+            duty = d
+            break
+        pos -= s
+    return duty
+
+
+def _burn(x: float, duty: float, slice_s: float) -> float:
+    """One time slice: busy (real CPU work) for ``duty`` of it, asleep for the rest."""
+    busy_until = time.perf_counter() + duty * slice_s
+    while time.perf_counter() < busy_until:
+        x = x * 1.000001 + 1e-9  # real CPU work
+    rest = (1.0 - duty) * slice_s
+    if rest > 0:
+        time.sleep(rest)
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if not _args_ok(args):
         return 2
     if args.mode == "ignore-sigterm":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -158,13 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(f"{args.seed}:{mw.workload_id()}:{mw.replica()}")
     hold = touch(args.memory)
     leaked: list[bytearray] = []
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(args.child_memory),
-             "1" if args.children_ignore_sigterm else "0"]
-        )
-        for _ in range(args.children)
-    ]
+    children = _spawn_children(args)
     mw.report(step=step, progress=resumed_from, resumed_from=resumed_from,
               memory_mib=len(hold) / 2**20)
 
@@ -181,20 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     x = 1.0
     while work_done < args.work:
         waiting = held(args, work_done)
-        # the duty cycle of the current phase
-        pos = (time.monotonic() - t0) % cycle
-        duty = phases[-1][0]
-        for d, s in phases:
-            if pos < s:
-                duty = d
-                break
-            pos -= s
-        busy_until = time.perf_counter() + duty * args.slice
-        while time.perf_counter() < busy_until:
-            x = x * 1.000001 + 1e-9  # real CPU work
-        rest = (1.0 - duty) * args.slice
-        if rest > 0:
-            time.sleep(rest)
+        duty = _duty(phases, (time.monotonic() - t0) % cycle)
+        x = _burn(x, duty, args.slice)
         now = time.monotonic()
         dt = now - last
         last = now
