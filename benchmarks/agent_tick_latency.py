@@ -120,7 +120,8 @@ def main() -> None:
         eng.lock = timed  # type: ignore[assignment]
         agent = None
         if not args.no_agent:
-            from mlwe.agent.loop import AgentConfig, attach
+            from mlwe.agent.loop import AgentConfig
+            from mlwe.runtime.wiring import attach_agent as attach
 
             cfg = AgentConfig()
             kw: dict[str, Any] = {"config": cfg}
