@@ -139,9 +139,9 @@ class WorkloadGenerator:
         """Submit one workload if the queue is short; returns its id."""
         eng = self.engine
         with eng.lock:
-            waiting = sum(1 for wid in eng.cp.queued if eng.cp.workloads[wid].state in QUEUED)
-            models = set(eng.cp.capacity.models()) - {""}
-            taken = set(eng.cp.workloads)
+            waiting = sum(1 for wid in eng.reads.queued if eng.reads.workloads[wid].state in QUEUED)
+            models = set(eng.reads.capacity.models()) - {""}
+            taken = set(eng.reads.workloads)
         if waiting >= self.max_pending:
             return None
         self._seq += 1
@@ -152,7 +152,7 @@ class WorkloadGenerator:
             if self.real_processes
             else random_spec(self.rng, models, self._seq)
         )
-        spec = WorkloadSpec.model_validate(data, context={"catalog": eng.cp.catalog})
+        spec = WorkloadSpec.model_validate(data, context={"catalog": eng.reads.catalog})
         result = eng.submit([spec], actor=self.actor)
         if not result.accepted:
             log.warning("generator: %s refused: %s", spec.id, "; ".join(result.reasons()))

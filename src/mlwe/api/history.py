@@ -50,7 +50,7 @@ class ClusterHistory:
 
     def sample(self) -> dict[str, float]:
         eng = self.engine
-        cp = eng.cp
+        cp = eng.reads
         with eng.lock:
             now = cp.now()
             gpus = used = 0

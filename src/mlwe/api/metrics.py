@@ -67,7 +67,7 @@ class _EngineCollector(Collector):
 
     def _read(self) -> _Figures:
         eng = self.engine
-        cp = eng.cp
+        cp = eng.reads
         with eng.lock:
             depth: dict[str, int] = dict.fromkeys(cp.queues, 0)
             for wid in cp.queued:
@@ -226,7 +226,7 @@ class ApiMetrics:
             ["queue"],
             registry=self.registry,
         )
-        for q in engine.cp.queues:
+        for q in engine.reads.queues:
             self.preempted.labels(q)
             self.lost_gpu_seconds.labels(q)
         for outcome in ("met", "missed"):  # exported at 0 from the start, so rate() has a series

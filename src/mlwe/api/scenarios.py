@@ -79,7 +79,7 @@ def _injector(engine: Engine) -> FaultInjector:
 # --------------------------------------------------------------- urgent fine-tune
 def urgent_fine_tune(engine: Engine, actor: str, target: str | None, cid: str) -> dict[str, Any]:
     with engine.lock:
-        cp = engine.cp
+        cp = engine.reads
         nodes = [
             cp.capacity.info(n)
             for n in cp.capacity.node_names()
@@ -157,7 +157,7 @@ def _fill(engine: Engine, actor: str, cid: str, model: str | None, sizes: list[i
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         with engine.lock:
-            if all(engine.cp.workloads[w].state not in (State.PENDING,) for w in created):
+            if all(engine.reads.workloads[w].state not in (State.PENDING,) for w in created):
                 break
         time.sleep(0.05)
     return created
@@ -166,7 +166,7 @@ def _fill(engine: Engine, actor: str, cid: str, model: str | None, sizes: list[i
 # ------------------------------------------------------------------- node fails
 def node_fails(engine: Engine, actor: str, target: str | None, cid: str) -> dict[str, Any]:
     with engine.lock:
-        cp = engine.cp
+        cp = engine.reads
         if target is not None:
             if target not in cp.capacity:
                 raise ScenarioError(f"unknown node {target!r}")
@@ -214,7 +214,7 @@ def loss_diverges(engine: Engine, actor: str, target: str | None, cid: str) -> d
     inj = _injector(engine)
     training = (WorkloadKind.TRAINING, WorkloadKind.FINE_TUNE)
     with engine.lock:
-        cp = engine.cp
+        cp = engine.reads
         if target is not None:
             w = cp.workloads.get(target)
             if w is None:
@@ -263,7 +263,7 @@ def oom_loop(engine: Engine, actor: str, target: str | None, cid: str) -> dict[s
     inj = _injector(engine)
     if target is not None:
         with engine.lock:
-            if target not in engine.cp.workloads:
+            if target not in engine.reads.workloads:
                 raise ScenarioError(f"unknown workload {target!r}")
         chosen = target
     else:

@@ -292,8 +292,8 @@ def serve(
     shown = "localhost" if host in ("0.0.0.0", "::", "127.0.0.1") else host
     url = f"http://{shown}:{port}/"
     print_fn(f"mlwe engine: backend {svc.engine.backend.name}, "
-             f"{sum(1 for _ in svc.engine.cp.capacity.nodes())} nodes, "
-             f"{len(svc.engine.cp.workloads)} workloads recovered")
+             f"{sum(1 for _ in svc.engine.reads.capacity.nodes())} nodes, "
+             f"{len(svc.engine.reads.workloads)} workloads recovered")
     if svc.admin_token:
         print_fn("admin token (shown once; only its hash is stored):")
         print_fn(f"  {svc.admin_token}")

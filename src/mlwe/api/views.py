@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlwe.core.controlplane import ControlPlane
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import HOLDING, QUEUED, TERMINAL, State, Transition
 from mlwe.core.model import Workload
+from mlwe.core.reads import ClusterReads
 from mlwe.core.resources import Resources
 from mlwe.runtime.requests import inadmissible
 from mlwe.store.sanitize import sanitize
@@ -107,7 +107,7 @@ def deadline_at_risk(w: Workload, now: float) -> bool:
 AdmissionCache = dict[tuple[Any, ...], list[str]]
 
 
-def admission(cp: ControlPlane | None, w: Workload, cache: AdmissionCache | None = None
+def admission(cp: ClusterReads | None, w: Workload, cache: AdmissionCache | None = None
               ) -> tuple[str | None, list[str]]:
     """Kueue's distinction for a queued workload: ``inadmissible`` (it could never run
     here as the cluster and its queue are now: a quota lowered below it, say) with the
@@ -129,7 +129,7 @@ def admission(cp: ControlPlane | None, w: Workload, cache: AdmissionCache | None
 
 
 def workload_summary(
-    w: Workload, now: float, cp: ControlPlane | None = None, cache: AdmissionCache | None = None
+    w: Workload, now: float, cp: ClusterReads | None = None, cache: AdmissionCache | None = None
 ) -> dict[str, Any]:
     spec = w.spec
     condition, why = admission(cp, w, cache)
@@ -164,7 +164,7 @@ def workload_summary(
     }
 
 
-def workload_detail(w: Workload, now: float, cp: ControlPlane | None = None) -> dict[str, Any]:
+def workload_detail(w: Workload, now: float, cp: ClusterReads | None = None) -> dict[str, Any]:
     out = workload_summary(w, now, cp)
     out.update(
         {
@@ -190,7 +190,7 @@ def workload_detail(w: Workload, now: float, cp: ControlPlane | None = None) -> 
     return out
 
 
-def node_view(cp: ControlPlane, name: str) -> dict[str, Any]:
+def node_view(cp: ClusterReads, name: str) -> dict[str, Any]:
     info = cp.capacity.info(name)
     free_dev = cp.capacity.free_devices(name)
     holders: list[list[dict[str, Any]]] = [[] for _ in range(info.gpu_count)]
@@ -234,7 +234,7 @@ def _quota(v: int) -> int | None:
     return None if v >= UNLIMITED else v
 
 
-def queue_views(cp: ControlPlane) -> list[dict[str, Any]]:
+def queue_views(cp: ClusterReads) -> list[dict[str, Any]]:
     pending: dict[str, int] = {}
     running: dict[str, int] = {}
     for w in cp.workloads.values():
@@ -279,7 +279,7 @@ def decision(rec: DecisionRecord) -> dict[str, Any]:
     return out
 
 
-def cluster_view(cp: ControlPlane, backend: str, *, max_workloads: int = 2000) -> dict[str, Any]:
+def cluster_view(cp: ClusterReads, backend: str, *, max_workloads: int = 2000) -> dict[str, Any]:
     """The dashboard's snapshot: every node with its devices, and the live workloads."""
     now = cp.now()
     cache: AdmissionCache = {}
@@ -314,7 +314,7 @@ def cluster_view(cp: ControlPlane, backend: str, *, max_workloads: int = 2000) -
     }
 
 
-def explain(cp: ControlPlane, w: Workload, decisions: list[DecisionRecord]) -> dict[str, Any]:
+def explain(cp: ClusterReads, w: Workload, decisions: list[DecisionRecord]) -> dict[str, Any]:
     """Why a workload is where it is: its story in words, plus the records behind it."""
     now = cp.now()
     parts = [f"{w.id} ({w.spec.name}) is {w.state.value}"]

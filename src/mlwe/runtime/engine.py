@@ -50,6 +50,7 @@ from mlwe.core.controlplane import ApplyResult, ControlPlane, InvariantViolation
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import Transition
 from mlwe.core.model import Workload
+from mlwe.core.reads import ClusterReads
 from mlwe.core.reconcile import Reconciler, correlation_of
 from mlwe.core.scheduler import Scheduler, default_scheduler
 from mlwe.core.spec import ClusterSpec, NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
@@ -648,6 +649,12 @@ class Engine:
             log.warning("store maintenance failed", exc_info=True)
             return {}
         return {"downsampled": merged, "pruned": pruned}
+
+    @property
+    def reads(self) -> ClusterReads:
+        """The cluster for readers (:mod:`mlwe.core.reads`): the control plane, typed
+        so that nothing but reads type-checks; hold ``lock`` while reading."""
+        return self.cp
 
     def summary(self) -> dict[str, Any]:
         """A small state snapshot: counts by state, node status and GPU use (call under lock)."""

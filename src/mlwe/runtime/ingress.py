@@ -112,7 +112,7 @@ class EngineIngress(IdempotentConsumer):
         raise AssertionError("EngineIngress applies through the engine")
 
     def _apply_on(self, conn: Connection, envelope: Envelope) -> bool:
-        actions, actor = decode_request(envelope.payload, self.eng.cp.catalog)
+        actions, actor = decode_request(envelope.payload, self.eng.reads.catalog)
         return self.eng.ingest(
             envelope.id,
             actions,

@@ -43,6 +43,7 @@ from mlwe.core.actions import (
 )
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.controlplane import ApplyResult, ControlPlane, Rejection, could_hold
+from mlwe.core.reads import ClusterReads
 from mlwe.core.reconcile import correlation_of
 from mlwe.core.spec import NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
 from mlwe.store.sanitize import find_secrets
@@ -352,7 +353,7 @@ def note_request(kind: str, actor: str, payload: Mapping[str, Any], *,
     return Request(kind, "note", (), actor, correlation_id, workload=workload, detail=payload)
 
 
-def inadmissible(cp: ControlPlane, spec: WorkloadSpec, now: float) -> list[str]:
+def inadmissible(cp: ClusterReads, spec: WorkloadSpec, now: float) -> list[str]:
     """Why ``spec`` could never run on this cluster (empty: it may, some day).
 
     Conservative (Kueue's *Inadmissible*, as opposed to waiting for capacity): a

@@ -39,31 +39,31 @@ _404: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description"
 def cluster(ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]) -> dict[str, Any]:
     eng = ctx.engine
     with eng.lock:
-        return views.cluster_view(eng.cp, getattr(eng.backend, "name", "backend"))
+        return views.cluster_view(eng.reads, getattr(eng.backend, "name", "backend"))
 
 
 @router.get("/nodes", response_model=NodeList, summary="Nodes with capacity, free resources and GPUs")
 def nodes(ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]) -> dict[str, Any]:
     eng = ctx.engine
     with eng.lock:
-        return {"items": [views.node_view(eng.cp, n) for n in eng.cp.capacity.node_names()]}
+        return {"items": [views.node_view(eng.reads, n) for n in eng.reads.capacity.node_names()]}
 
 
 @router.get("/nodes/{node}", response_model=NodeOut, responses=_404, summary="One node")
 def node(node: NodeName, ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]) -> dict[str, Any]:
     eng = ctx.engine
     with eng.lock:
-        if node not in eng.cp.capacity:
+        if node not in eng.reads.capacity:
             raise ApiError(404, f"unknown node {node!r}")
-        return views.node_view(eng.cp, node)
+        return views.node_view(eng.reads, node)
 
 
 def _node_action(ctx: ApiContext, node: str, what: str, principal: Principal, reason: str) -> dict[str, Any]:
     eng = ctx.engine
     with eng.lock:
-        if node not in eng.cp.capacity:
+        if node not in eng.reads.capacity:
             raise ApiError(404, f"unknown node {node!r}")
-        status = eng.cp.capacity.status(node)
+        status = eng.reads.capacity.status(node)
     if what == "uncordon" and status is NodeStatus.DOWN:
         raise ApiError(409, f"node {node} is down; it comes back when its backend reports it up")
     why = reason or f"{what} by {principal.name}"
@@ -126,7 +126,7 @@ def drain(
 def queues(ctx: Ctx, principal: Annotated[Principal, requires(Role.VIEWER)]) -> dict[str, Any]:
     eng = ctx.engine
     with eng.lock:
-        return {"items": views.queue_views(eng.cp)}
+        return {"items": views.queue_views(eng.reads)}
 
 
 @router.put(
@@ -153,7 +153,7 @@ def put_queue(
         raise ApiError(422, "invalid queue spec", [("name", f"does not match the path ({queue!r})")])
     eng = ctx.engine
     try:
-        spec = QueueSpec.model_validate(data, context={"catalog": eng.cp.catalog})
+        spec = QueueSpec.model_validate(data, context={"catalog": eng.reads.catalog})
     except ValidationError as exc:
         raise ApiError(
             422,
@@ -167,7 +167,7 @@ def put_queue(
     if not result.accepted:
         raise ApiError(409, f"cannot set queue {queue}", [("", r) for r in result.reasons()])
     with eng.lock:
-        return next(q for q in views.queue_views(eng.cp) if q["name"] == queue)
+        return next(q for q in views.queue_views(eng.reads) if q["name"] == queue)
 
 
 @router.get(

@@ -153,7 +153,7 @@ def _decide(ctx: ApiContext, approval_id: str, principal: Principal, approve: bo
     committed = out.outcome in ("committed", "operator-rejected")
     return {
         "accepted": committed,
-        "version": int(out.version if out.version is not None else ctx.engine.cp.version),
+        "version": int(out.version if out.version is not None else ctx.engine.reads.version),
         "message": f"plan {approval_id}: {out.outcome}",
         "rejections": [str(r) for r in out.reasons] if not committed else [],
     }
@@ -318,7 +318,7 @@ async def dead_letter_replay(
         audit_note, ctx.engine, "operator", principal.actor,
         {"action": "replay-dead-letter", "event_id": event_id, "subject": env.subject},
     )
-    return {"accepted": True, "version": ctx.engine.cp.version, "message": f"replayed {env.id}", "rejections": []}
+    return {"accepted": True, "version": ctx.engine.reads.version, "message": f"replayed {env.id}", "rejections": []}
 
 
 # ================================================================= scenarios
@@ -402,7 +402,7 @@ def revoke_token(
     if not ctx.tokens.revoke(token_id):
         raise ApiError(404, f"no token {token_id!r}")
     audit_note(ctx.engine, "config", principal.actor, {"action": "token-revoke", "token_id": token_id})
-    return {"accepted": True, "version": ctx.engine.cp.version, "message": f"token {token_id} revoked", "rejections": []}
+    return {"accepted": True, "version": ctx.engine.reads.version, "message": f"token {token_id} revoked", "rejections": []}
 
 
 @router.get("/whoami", response_model=WhoAmI, tags=["tokens"], summary="The calling token")

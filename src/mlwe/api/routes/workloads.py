@@ -84,7 +84,7 @@ def _not_found(wid: str) -> ApiError:
 async def _specs(request: Request, ctx: ApiContext) -> list[WorkloadSpec]:
     body = await request.body()
     try:
-        specs = parse_specs(body, request.headers.get("content-type"), ctx.engine.cp.catalog)
+        specs = parse_specs(body, request.headers.get("content-type"), ctx.engine.reads.catalog)
     except BodyError as exc:
         raise ApiError(exc.status, "invalid workload spec", exc.errors) from None
     limit = ctx.settings.max_workloads_per_request
@@ -275,7 +275,7 @@ async def validate(
             ("body", "empty body: send a workload spec, a list of them, or {workloads: [...]}")
         ])
     try:
-        specs = parse_specs(body, request.headers.get("content-type"), ctx.engine.cp.catalog)
+        specs = parse_specs(body, request.headers.get("content-type"), ctx.engine.reads.catalog)
     except BodyError as exc:
         if exc.status != 422:
             raise ApiError(exc.status, str(exc)) from None
@@ -318,8 +318,8 @@ def list_workloads(
             raise ApiError(422, "invalid request", [("query.state", f"unknown state; known: {known}")]) from None
     eng = ctx.engine
     with eng.lock:
-        now = eng.cp.now()
-        ws = list(eng.cp.workloads.values())
+        now = eng.reads.now()
+        ws = list(eng.reads.workloads.values())
         ws.reverse()  # arrival order, newest first
         if wanted is not None:
             ws = [w for w in ws if w.state in wanted]
@@ -332,7 +332,7 @@ def list_workloads(
             ]
         total = len(ws)
         cache: views.AdmissionCache = {}
-        items = [views.workload_summary(w, now, eng.cp, cache) for w in ws[offset : offset + limit]]
+        items = [views.workload_summary(w, now, eng.reads, cache) for w in ws[offset : offset + limit]]
     nxt = offset + limit if offset + limit < total else None
     return {"total": total, "items": items, "now": now, "next_offset": nxt}
 
@@ -348,11 +348,11 @@ def get_workload(
 ) -> dict[str, Any]:
     eng = ctx.engine
     with eng.lock:
-        w = eng.cp.workloads.get(workload_id)
+        w = eng.reads.workloads.get(workload_id)
         if w is None:
             raise _not_found(workload_id)
-        now = eng.cp.now()
-        return {**views.workload_detail(w, now, eng.cp), "now": now}
+        now = eng.reads.now()
+        return {**views.workload_detail(w, now, eng.reads), "now": now}
 
 
 @router.get(
@@ -366,7 +366,7 @@ def explain(
 ) -> dict[str, Any]:
     eng = ctx.engine
     with eng.lock:
-        w = eng.cp.workloads.get(workload_id)
+        w = eng.reads.workloads.get(workload_id)
         if w is None:
             raise _not_found(workload_id)
         preemptors = {w.preempted_by} if w.preempted_by else set()
@@ -385,7 +385,7 @@ def explain(
         ]
     decisions.sort(key=lambda d: d.seq)
     with eng.lock:
-        return views.explain(eng.cp, w, decisions)
+        return views.explain(eng.reads, w, decisions)
 
 
 @router.post(
@@ -402,7 +402,7 @@ def cancel(
 ) -> dict[str, Any]:
     eng = ctx.engine
     with eng.lock:
-        w = eng.cp.workloads.get(workload_id)
+        w = eng.reads.workloads.get(workload_id)
         if w is None:
             raise _not_found(workload_id)
         owner = views.owner_subject(w)
