@@ -9,14 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from mlwe.core import ControlPlane, Exited, ManualClock, Released, Started
-from mlwe.core.actions import Cancel
+from mlwe.core.actions import Cancel, Preempt
 from mlwe.core.backend import Command, Event, NodeDown, StartCommand, StopCommand
 from mlwe.core.lifecycle import State
-from mlwe.core.reconcile import Reconciler
+from mlwe.core.reconcile import Reconciler, commands_for, owed_by
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import NodeStatus
-from tests.core.builders import cluster, gpu_node, job, submit
+from tests.core.builders import (
+    cluster,
+    gpu_node,
+    job,
+    ok,
+    place_on,
+    run_to_running,
+    running_on,
+    submit,
+)
 
 
 def view(cmds: list[Command]) -> list[tuple[Any, ...]]:
@@ -123,3 +134,59 @@ def test_a_lost_node_requeues_what_it_held_onto_the_nodes_left() -> None:
     assert due is not None and 15.0 <= due < 45.0
     clock.set(due)
     assert view(rec.step()) == [("start", "start:a:2", "a", 2, ("n2",), 0.0)]
+
+
+# ------------------------------------------------------------------ effects as values
+def changes(effects: Any) -> list[tuple[Any, ...]]:
+    """An effects value as plain tuples: workload, source, target, reason, attempt, failures."""
+    return [(c.workload.id, c.transition.source, c.transition.target, c.transition.reason,
+             c.attempt, c.failures) for c in effects]
+
+
+def test_a_preemption_is_returned_by_apply_and_owes_exactly_one_graceful_stop() -> None:
+    cp, _, rec = world("n1")
+    running_on(cp, job("low", gpu=8, priority="low"), "n1")
+    submit(cp, job("hi", gpu=8, priority="urgent"))
+    cp.take_effects()  # what led here is not the point
+    result = cp.apply([Preempt("low", "hi")], cause_id="c1")
+    assert result.accepted
+    expected = [("low", State.RUNNING, State.PREEMPTING, "preempted by hi (priority)", 1, 0)]
+    assert changes(result.transitions) == expected
+    assert changes(cp.pending_effects()) == expected  # the same value, kept for the step
+    owed = owed_by(result.transitions)
+    assert (owed.starts, owed.stops, owed.retries, owed.cycle) == ({}, {"low": "preempt"}, [],
+                                                                   False)
+    assert view(commands_for(cp.workloads, [], owed.stops, 10.0)) == [
+        ("stop", "stop:low:1:preempt", "low", 1, 10.0, "preempt")]
+    assert view(rec.step()) == [("stop", "stop:low:1:preempt", "low", 1, 10.0, "preempt")]
+    assert cp.take_effects() == ()  # the step read them
+
+
+def test_effects_owe_starts_in_admission_order_and_a_failure_its_retry() -> None:
+    cp, clock, _ = world("n1", "n2")
+    submit(cp, job("a", gpu=8), job("b", gpu=8, max_retries=1))
+    clock.set(5.0)
+    owed = owed_by(cp.take_effects())
+    assert (list(owed.starts), owed.stops, owed.cycle) == ([], {}, True)  # new work: a cycle
+    ok(cp.apply([place_on(cp, "b", "n2"), place_on(cp, "a", "n1")]))
+    owed = owed_by(cp.take_effects())
+    assert list(owed.starts) == ["b", "a"] and owed.cycle is False
+    run_to_running(cp, ["b"])
+    ok(cp.apply([Exited("b", 1, 3, "error")]))
+    owed = owed_by(cp.take_effects())
+    assert owed.retries == [(5.0, "b", 1, 1)] and owed.cycle is True  # capacity came back
+
+
+def test_a_rolled_back_batch_owes_nothing() -> None:
+    cp, _, rec = world("n1")
+    submit(cp, job("a", gpu=8))
+    rec.step()
+    rec.handle([event(1, Started("a", 1))])
+    assert view(rec.step()) == []
+    sp = cp.savepoint()
+    assert cp.apply([Cancel("a")]).accepted
+    with pytest.raises(RuntimeError):
+        cp.take_effects()  # what a savepoint may still undo is not handed out
+    cp.rollback_to(sp)
+    assert cp.pending_effects() == () and cp.get("a").state is State.RUNNING
+    assert view(rec.step()) == []

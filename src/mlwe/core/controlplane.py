@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mlwe.core.actions import (
     FACTS,
@@ -73,6 +74,18 @@ class Rejection:
         return f"#{self.index} {self.action} {self.subject}: " + "; ".join(self.reasons)
 
 
+class Changed(NamedTuple):
+    """One lifecycle transition an applied batch made, with what the workload's
+    retry bookkeeping said when the batch was applied (a later batch may change it
+    before the transition is read)."""
+
+    workload: Workload
+    transition: Transition
+    attempt: int
+    failures: int
+    failure_cause: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     accepted: bool
@@ -81,6 +94,8 @@ class ApplyResult:
     duplicate: bool = False  # the event id was seen before: acknowledged, no effect
     ignored: tuple[str, ...] = ()  # stale backend facts acknowledged without effect
     created: tuple[str, ...] = ()  # ids assigned to submitted workloads
+    #: What the batch did: its lifecycle transitions, in the order it made them.
+    transitions: tuple[Changed, ...] = field(default=(), compare=False, repr=False)
 
     def reasons(self) -> list[str]:
         return [str(r) for r in self.rejections]
@@ -118,6 +133,7 @@ class Savepoint:
     decision_seq: int
     decisions: int
     counters: dict[str, int]
+    effects: int  # length of the control plane's effects log when it was taken
     undo: list[list[Callable[[], None]]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
 
@@ -149,7 +165,8 @@ class ControlPlane:
         self.holding_epoch = 0
         self.decisions: list[DecisionRecord] = []
         #: Called after each applied batch, once per state transition in it (in order):
-        #: the runtime turns them into backend commands, stores and streams them.
+        #: observers that need a push (the store writer, the agent's monitor, metrics).
+        #: What is owed to the backend is not read here but from :meth:`take_effects`.
         self.listeners: list[Callable[[Workload, Transition], None]] = []
         #: Called with every stamped decision record (the store, the audit log, streams).
         self.decision_listeners: list[Callable[[DecisionRecord], None]] = []
@@ -164,14 +181,42 @@ class ControlPlane:
         self.invariant_checks = 0
         self.counters: dict[str, int] = {}
         self._savepoint: Savepoint | None = None
+        #: The transitions of applied batches not yet taken (:meth:`take_effects`), in
+        #: order; None until a reader asks for them (:meth:`keep_effects`).
+        self._effects: list[Changed] | None = None
         self._put_queue(QueueSpec(name=DEFAULT_QUEUE))
+
+    # ================================================================= effects
+    def keep_effects(self) -> None:
+        """Keep the transitions of every applied batch until :meth:`take_effects`
+        (the reconciler asks, once; a control plane nobody reads keeps nothing)."""
+        if self._effects is None:
+            self._effects = []
+
+    def take_effects(self) -> tuple[Changed, ...]:
+        """The transitions applied since the last call, in order, and forget them.
+
+        A batch rolled back (:meth:`rollback_to`) is gone from them, so taking is
+        refused while a savepoint is open (it could take what is then undone)."""
+        if self._savepoint is not None:
+            raise RuntimeError("effects are taken only with no savepoint open")
+        out = self._effects
+        if not out:
+            return ()
+        self._effects = []
+        return tuple(out)
+
+    def pending_effects(self) -> tuple[Changed, ...]:
+        """What :meth:`take_effects` would return, without taking it."""
+        return tuple(self._effects or ())
 
     # ============================================================== savepoints
     def savepoint(self) -> Savepoint:
         """Start keeping the undo log of every applied batch (one savepoint at a time)."""
         if self._savepoint is not None:
             raise RuntimeError("a savepoint is already open")
-        sp = Savepoint(self.version, self._decision_seq, len(self.decisions), dict(self.counters))
+        sp = Savepoint(self.version, self._decision_seq, len(self.decisions), dict(self.counters),
+                       len(self._effects or ()))
         self._savepoint = sp
         return sp
 
@@ -183,8 +228,9 @@ class ControlPlane:
     def rollback_to(self, sp: Savepoint) -> None:
         """Undo every batch applied since ``sp``, newest first, and close it.
 
-        Listeners have seen those batches: whoever buffered what they said
-        (the store writer, the reconciler) rolls its buffers back too."""
+        Their effects are dropped from :meth:`take_effects`. Listeners have seen
+        those batches: whoever buffered what they said (the store writer) rolls
+        its buffers back too."""
         if self._savepoint is not sp:
             raise RuntimeError("not the open savepoint")
         for undo in reversed(sp.undo):
@@ -195,6 +241,8 @@ class ControlPlane:
         self.version = sp.version
         self._decision_seq = sp.decision_seq
         del self.decisions[sp.decisions :]
+        if self._effects is not None:
+            del self._effects[sp.effects :]
         self.counters = sp.counters
         self._savepoint = None
 
@@ -371,8 +419,8 @@ class ControlPlane:
         decisions: Iterable[DecisionRecord],
     ) -> ApplyResult:
         """Make a verified batch that changed something count: bump the version,
-        remember the event id (and the savepoint's undo), tell the listeners,
-        count the actions, record the decisions."""
+        remember the event id (and the savepoint's undo), keep its effects, tell
+        the listeners, count the actions, record the decisions."""
         self.version += 1
         if event_id is not None:
             self._remember_event(event_id)
@@ -380,6 +428,11 @@ class ControlPlane:
             self._savepoint.undo.append(txn.undo)
             if event_id is not None:
                 self._savepoint.events.append(event_id)
+        changed = tuple(
+            Changed(w, tr, w.attempt, w.failures, w.failure_cause) for w, tr in txn.transitions
+        )
+        if self._effects is not None:
+            self._effects += changed
         for w, tr in txn.transitions:
             for listener in self.listeners:
                 listener(w, tr)
@@ -387,7 +440,8 @@ class ControlPlane:
             self.counters[a.kind] = self.counters.get(a.kind, 0) + 1
         for rec in decisions:
             self.record(rec if rec.cause_id or cause_id is None else _with_cause(rec, cause_id))
-        result = ApplyResult(True, self.version, (), False, tuple(txn.ignored), tuple(txn.created))
+        result = ApplyResult(True, self.version, (), False, tuple(txn.ignored), tuple(txn.created),
+                             changed)
         for batch_listener in self.batch_listeners:
             batch_listener(actions, result)
         return result

@@ -7,24 +7,33 @@ commands; it never touches a backend itself:
 1. ``handle(events)``: each event's fact is applied with its event id (so a
    redelivered event has no second effect); a lost node becomes a status
    change plus a node-lost exit for everything on it.
-2. ``step()``: retries whose backoff has elapsed are re-queued, a scheduling
-   cycle runs if anything changed since the last one, and every transition the
-   control plane applied becomes a command: ADMITTED -> start, PREEMPTING ->
-   graceful stop (the preemptor is placed only after the backend's release),
-   STOPPING -> stop.
+2. ``step()``: what was applied since the last step (by anyone: events,
+   requests, the agent) is read as a value, ``cp.take_effects()``, and
+   :func:`owed_by` says what it owes: a start for each ADMITTED, a graceful
+   stop for each PREEMPTING (the preemptor is placed only after the backend's
+   release), a stop for each STOPPING, a retry after a backoff for each
+   FAILED that has retries left, and whether a cycle is worth running. Then
+   retries whose backoff has elapsed are re-queued, a scheduling cycle runs if
+   anything changed, the owed workloads are started (``Start``), and the owed
+   starts and stops become commands (:func:`commands_for`).
+
+The step is the one place outside the control plane's callers that applies
+actions of its own (``Retry``, the scheduler's preparation and plan, ``Start``):
+each of its phases takes the effects of what it applied before the next one
+reads the state, so the order is the one written in :meth:`Reconciler.step`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from mlwe.core.actions import Action, Exited, Retry, SetNodeStatus, Start
 from mlwe.core.backend import Command, Event, NodeDown, NodeUp, StartCommand, StopCommand
-from mlwe.core.controlplane import NOT_ITS_FAULT, ApplyResult, ControlPlane
-from mlwe.core.lifecycle import HOLDING, State, Transition
+from mlwe.core.controlplane import NOT_ITS_FAULT, ApplyResult, Changed, ControlPlane
+from mlwe.core.lifecycle import HOLDING, State
 from mlwe.core.model import Workload
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import NodeStatus
@@ -53,6 +62,74 @@ def start_command(w: Workload) -> StartCommand:
     )
 
 
+@dataclass(slots=True)
+class Owed:
+    """What a run of effects owes the backend (see :func:`owed_by`)."""
+
+    #: workloads that were admitted: each gets a ``Start`` and then a start command
+    starts: dict[str, None] = field(default_factory=dict)
+    #: workloads to stop, with why ("preempt" or "cancel"; a later reason wins)
+    stops: dict[str, str] = field(default_factory=dict)
+    #: failed attempts to retry: (failed at, workload, attempt, failures so far)
+    retries: list[tuple[float, str, int, int]] = field(default_factory=list)
+    #: new work, or capacity came back: worth a scheduling cycle
+    cycle: bool = False
+
+
+def owed_by(effects: Iterable[Changed], owed: Owed | None = None) -> Owed:
+    """What ``effects`` (transitions, in the order applied) owe, added to ``owed``."""
+    out = owed if owed is not None else Owed()
+    for w, tr, attempt, failures, cause in effects:
+        target = tr.target
+        if target is State.ADMITTED:
+            out.starts[w.id] = None
+        elif target is State.PREEMPTING:
+            out.stops[w.id] = "preempt"
+        elif target is State.STOPPING:
+            out.stops[w.id] = "cancel"
+        elif target is State.FAILED and (failures <= w.spec.max_retries or cause in NOT_ITS_FAULT):
+            out.retries.append((tr.time, w.id, attempt, failures))
+        if tr.source is None or target in (State.PENDING, State.PREEMPTED) or (
+            tr.source in HOLDING and target not in HOLDING
+        ):
+            out.cycle = True
+    return out
+
+
+def stop_command(w: Workload, reason: str, grace_s: float) -> StopCommand:
+    """The command that stops ``w``'s current attempt (idempotent by its request id)."""
+    return StopCommand(
+        request_id=f"stop:{w.id}:{w.attempt}:{reason}",
+        workload=w.id,
+        attempt=w.attempt,
+        grace_s=grace_s,
+        reason=reason,
+        correlation_id=correlation_of(w),
+    )
+
+
+def commands_for(
+    workloads: Mapping[str, Workload],
+    started: Iterable[str],
+    stops: Mapping[str, str],
+    grace_s: float,
+) -> list[Command]:
+    """The commands for workloads whose ``Start`` was applied and for owed stops, as
+    the state now has them: a start for each of ``started`` that is STARTING, then
+    a stop for each of ``stops`` still PREEMPTING or STOPPING (whatever came
+    between, a release or a cancel, made the others moot)."""
+    out: list[Command] = []
+    for wid in started:
+        w = workloads[wid]
+        if w.state is State.STARTING:
+            out.append(start_command(w))
+    for wid, reason in stops.items():
+        w = workloads[wid]
+        if w.state in (State.PREEMPTING, State.STOPPING):
+            out.append(stop_command(w, reason, grace_s))
+    return out
+
+
 class Reconciler:
     def __init__(
         self,
@@ -72,47 +149,35 @@ class Reconciler:
         self.retry_max_s = retry_max_s
         self.dirty = True
         self.cycles = 0
-        self._to_start: dict[str, None] = {}
-        self._to_stop: dict[str, str] = {}
-        self._retries: list[tuple[float, int, str]] = []
+        #: owed across steps only by :meth:`resume` (a restart); a step owes what it reads
+        self._owed = Owed()
+        self._retries: list[tuple[float, int, str]] = []  # (due, sequence, workload)
         self._seq = 0
         self.rejected: list[ApplyResult] = []
-        cp.listeners.append(self._on_transition)
+        cp.keep_effects()
 
-    # ----------------------------------------------------------------- marks
-    def mark(self) -> tuple[Any, ...]:
-        """What is owed to the backend now; :meth:`reset` goes back to it (the runtime
-        does when batches it applied are rolled back: their commands are not owed)."""
-        return (dict(self._to_start), dict(self._to_stop), list(self._retries), self._seq)
-
-    def reset(self, mark: tuple[Any, ...]) -> None:
-        start, stop, retries, seq = mark
-        self._to_start, self._to_stop, self._retries, self._seq = (
-            dict(start), dict(stop), list(retries), seq
-        )
-
-    # ------------------------------------------------------------- transitions
-    def _on_transition(self, w: Workload, tr: Transition) -> None:
-        target = tr.target
-        if target is State.ADMITTED:
-            self._to_start[w.id] = None
-        elif target is State.PREEMPTING:
-            self._to_stop[w.id] = "preempt"
-        elif target is State.STOPPING:
-            self._to_stop[w.id] = "cancel"
-        elif target is State.FAILED and (
-            w.failures <= w.spec.max_retries or w.failure_cause in NOT_ITS_FAULT
-        ):
+    # ----------------------------------------------------------------- effects
+    def _absorb(self, owed: Owed) -> Owed:
+        """Read what was applied since the last read (``cp.take_effects()``) into
+        ``owed``; schedule its retries and note whether a cycle is worth running."""
+        n = len(owed.retries)
+        owed_by(self.cp.take_effects(), owed)
+        for failed_at, wid, attempt, failures in owed.retries[n:]:
             delay = min(
-                self.retry_max_s, self.retry_base_s * self.retry_factor ** max(0, w.failures - 1)
+                self.retry_max_s, self.retry_base_s * self.retry_factor ** max(0, failures - 1)
             )
-            delay *= 0.5 + _jitter(f"{w.id}:{w.attempt}")  # jitter in [0.5x, 1.5x)
+            delay *= 0.5 + _jitter(f"{wid}:{attempt}")  # jitter in [0.5x, 1.5x)
             self._seq += 1
-            heapq.heappush(self._retries, (tr.time + delay, self._seq, w.id))
-        if tr.source is None or target in (State.PENDING, State.PREEMPTED) or (
-            tr.source in HOLDING and target not in HOLDING
-        ):
-            self.dirty = True  # new work, or capacity came back: worth a cycle
+            heapq.heappush(self._retries, (failed_at + delay, self._seq, wid))
+        if owed.cycle:
+            owed.cycle = False
+            self.dirty = True
+        return owed
+
+    def wants_step(self) -> bool:
+        """Whether a step now would run a cycle (set by a request, or owed by what
+        was applied since the last step); what else is owed waits for the next one."""
+        return self.dirty or owed_by(self.cp.pending_effects()).cycle
 
     def resume(self) -> None:
         """Re-derive what is owed to the backend after a restart from the store.
@@ -122,15 +187,16 @@ class Reconciler:
         again (from now: the backoff already waited before the crash is not
         known). Starting and running ones are the runtime's business: it asks
         the backend what really runs."""
+        owed = self._absorb(self._owed)  # what the restart's own repairs applied first
         now = self.cp.now()
         for w in self.cp.workloads.values():
             st = w.state
             if st is State.ADMITTED:
-                self._to_start[w.id] = None
+                owed.starts[w.id] = None
             elif st is State.PREEMPTING:
-                self._to_stop[w.id] = "preempt"
+                owed.stops[w.id] = "preempt"
             elif st is State.STOPPING:
-                self._to_stop[w.id] = "cancel"
+                owed.stops[w.id] = "cancel"
             elif st is State.FAILED and (
                 w.failures <= w.spec.max_retries or w.failure_cause in NOT_ITS_FAULT
             ):
@@ -167,24 +233,36 @@ class Reconciler:
 
     # -------------------------------------------------------------------- step
     def next_wakeup(self) -> float | None:
-        """When the reconciler next has something to do by itself (a retry)."""
+        """When the reconciler next has something to do by itself (a retry), counting
+        the retries owed by what was applied since the last step (kept for it)."""
+        self._absorb(self._owed)
         return self._retries[0][0] if self._retries else None
 
-    def step(self, cause_id: str | None = None) -> list[Command]:
+    def due_retries(self, now: float) -> list[Action]:
+        """The retries whose backoff has elapsed by ``now`` (taken off the timer)."""
         cp = self.cp
-        now = cp.now()
         retries: list[Action] = []
         while self._retries and self._retries[0][0] <= now:
             _, _, wid = heapq.heappop(self._retries)
             w = cp.workloads.get(wid)
             if w is not None and w.state is State.FAILED:
                 retries.append(Retry(wid))
+        return retries
+
+    def step(self, cause_id: str | None = None) -> list[Command]:
+        """Effects in, commands out (see the module docstring); each phase reads the
+        effects of the one before it."""
+        cp = self.cp
+        owed, self._owed = self._absorb(self._owed), Owed()  # since the last step
+        retries = self.due_retries(cp.now())
         if retries:
             self._apply_each(retries, cause_id)
+            self._absorb(owed)
         prep = self.scheduler.prepare(cp)
         if prep:
             self._apply_each(prep, cause_id)
             self.dirty = True
+            self._absorb(owed)
         if self.dirty:
             self.dirty = False
             self.cycles += 1
@@ -192,7 +270,17 @@ class Reconciler:
             if not result.accepted:
                 self.rejected.append(result)
                 self.dirty = True
-        return self._commands(cause_id)
+            self._absorb(owed)
+        started: list[str] = []
+        if owed.starts:
+            wl = cp.workloads
+            starts = [wl[wid] for wid in owed.starts if wl[wid].state is State.ADMITTED]
+            if starts:
+                self._apply_each([Start(w.id, w.attempt) for w in starts], cause_id)
+                started = [w.id for w in starts]
+                # ADMITTED -> STARTING owes nothing; anything else is the next step's
+                self._absorb(self._owed)
+        return commands_for(cp.workloads, started, owed.stops, self.grace_s)
 
     def _apply_each(self, actions: list[Action], cause_id: str | None) -> None:
         result = self.cp.apply(actions, cause_id=cause_id)
@@ -201,35 +289,3 @@ class Reconciler:
                 r = self.cp.apply([a], cause_id=cause_id)
                 if not r.accepted:
                     self.rejected.append(r)
-
-    def _commands(self, cause_id: str | None) -> list[Command]:
-        cp = self.cp
-        out: list[Command] = []
-        if self._to_start:
-            starts = []
-            for wid in self._to_start:
-                w = cp.workloads[wid]
-                if w.state is State.ADMITTED:
-                    starts.append(w)
-            self._to_start.clear()
-            if starts:
-                self._apply_each([Start(w.id, w.attempt) for w in starts], cause_id)
-                for w in starts:
-                    if w.state is State.STARTING:
-                        out.append(start_command(w))
-        if self._to_stop:
-            for wid, reason in self._to_stop.items():
-                w = cp.workloads[wid]
-                if w.state in (State.PREEMPTING, State.STOPPING):
-                    out.append(
-                        StopCommand(
-                            request_id=f"stop:{w.id}:{w.attempt}:{reason}",
-                            workload=w.id,
-                            attempt=w.attempt,
-                            grace_s=self.grace_s,
-                            reason=reason,
-                            correlation_id=correlation_of(w),
-                        )
-                    )
-            self._to_stop.clear()
-        return out

@@ -48,8 +48,6 @@ from mlwe.core.clock import Clock
 from mlwe.core.cluster import build_control_plane
 from mlwe.core.controlplane import ApplyResult, ControlPlane, InvariantViolation, Rejection
 from mlwe.core.decisions import DecisionRecord
-from mlwe.core.lifecycle import Transition
-from mlwe.core.model import Workload
 from mlwe.core.reads import ClusterReads
 from mlwe.core.reconcile import Reconciler, correlation_of
 from mlwe.core.scheduler import Scheduler, default_scheduler
@@ -165,7 +163,6 @@ class Engine:
         self.writer.attach(cp, sync=not synced)
         self.recent_decisions: deque[DecisionRecord] = deque(maxlen=self.config.recent_decisions)
         self._decisions_noted = 0
-        cp.listeners.append(self._on_transition)
         cp.decision_listeners.append(self._note_decision)
         #: Called each tick, under the lock, after the scheduling cycle (agent, workflows...).
         self.tick_hooks: list[Callable[[Engine], None]] = []
@@ -177,7 +174,6 @@ class Engine:
         self.telemetry_listeners = self.telemetry.listeners
         #: The engine's workflows, once :func:`mlwe.runtime.wiring.attach_workflows` ran.
         self.workflows: WorkflowRunner | None = None
-        self._state_out: list[tuple[Workload, Transition]] = []
         self._calls: deque[Callable[[], None]] = deque()
         self.commits = GroupCommit(self._durably)  # concurrent requests, one flush
         self._flush_mutex = self.commits.mutex  # held by the caller committing a group
@@ -272,9 +268,6 @@ class Engine:
         cid = correlation_of(w) if w is not None else None
         return cid or d.cause_id
 
-    def _on_transition(self, w: Workload, tr: Transition) -> None:
-        self._state_out.append((w, tr))
-
     def now(self) -> float:
         return self.clock.now()
 
@@ -309,8 +302,8 @@ class Engine:
             self._flush_locked()
 
     def _publish_after_flush(self) -> None:
-        out, self._state_out = self._state_out, []
-        for w, tr in out:
+        """Stream what the flush made durable: its transitions, then its audit entries."""
+        for w, tr in self.writer.last_transitions:
             self.streams.publish("state", transition_event(w, tr), correlation_id=correlation_of(w),
                                  workload=w.id, time=tr.time)
         for entry in self.writer.last_audit:
@@ -394,15 +387,14 @@ class Engine:
         return f"the store is unavailable, nothing was kept: {db._describe(exc)}"
 
     def _marks(self) -> tuple[Any, ...]:
-        return (self.writer.mark(), self.reconciler.mark(), len(self._state_out),
-                self._decisions_noted, self.reconciler.dirty)
+        # what the reconciler is owed needs no mark: it is read from the control plane's
+        # effects, which rollback_to takes back with the batches
+        return (self.writer.mark(), self._decisions_noted, self.reconciler.dirty)
 
     def _reset(self, marks: tuple[Any, ...]) -> None:
-        writer, reconciler, state_out, noted, dirty = marks
+        writer, noted, dirty = marks
         self.writer.reset(writer)
-        self.reconciler.reset(reconciler)
         self.reconciler.dirty = dirty
-        del self._state_out[state_out:]
         for _ in range(min(self._decisions_noted - noted, len(self.recent_decisions))):
             self.recent_decisions.pop()
         self._decisions_noted = noted
@@ -608,7 +600,7 @@ class Engine:
                 except Exception as exc:  # a broken plug-in must not stop the engine
                     log.exception("tick hook failed")
                     rep.errors.append(f"{type(exc).__name__}: {exc}")
-            cmds += self.reconciler.step() if self.reconciler.dirty else []
+            cmds += self.reconciler.step() if self.reconciler.wants_step() else []
             try:
                 self._flush_locked()  # durable before the backend acts on it
             except Exception as exc:

@@ -185,8 +185,10 @@ class StoreWriter:
         self._audit_records: list[dict[str, Any]] = []
         #: The audit entries the last flush wrote (for the live audit stream).
         self.last_audit: list[AuditEntry] = []
+        #: The transitions the last flush wrote, in order (for the live state stream).
+        self.last_transitions: list[tuple[Workload, Transition]] = []
         self.cp: ControlPlane | None = None
-        self._transitions: list[tuple[str, int, Transition]] = []
+        self._transitions: list[tuple[Workload, int, Transition]] = []
         self._dirty: dict[str, None] = {}
         self._nodes_added: dict[str, NodeSpec] = {}
         self._node_status: dict[str, None] = {}
@@ -241,7 +243,7 @@ class StoreWriter:
             step -= 1
         if step < 0:
             raise RuntimeError(f"transition of {w.id} is not in its history")
-        self._transitions.append((w.id, step, tr))
+        self._transitions.append((w, step, tr))
         self._dirty[w.id] = None
 
     def _note(self, actions: Any, result: ApplyResult) -> None:
@@ -337,18 +339,20 @@ class StoreWriter:
         cp = self._cp()
         self._poll(cp)
         self.last_audit = []
+        self.last_transitions = []
         if not self.pending() and extra is None:
             return 0
         for d in self._decisions:
             if d.workload in cp.workloads:  # e.g. a changed pending reason
                 self._dirty[d.workload] = None
-        new_ids = {wid for wid, step, _ in self._transitions if step == 0}
+        new_ids = {w.id for w, step, _ in self._transitions if step == 0}
         wl = cp.workloads
         touched = [wl[i] for i in self._dirty if i in wl]
         new = [w for w in touched if w.id in new_ids]
         old = [w for w in touched if w.id not in new_ids]
         respecified = [wl[i] for i in self._specs if i in wl and i not in new_ids]
-        transitions = list(self._transitions)
+        flushed = list(self._transitions)
+        transitions = [(w.id, step, tr) for w, step, tr in flushed]
         decisions = list(self._decisions)
         nodes_added = dict(self._nodes_added)
         node_status = list(self._node_status)
@@ -391,6 +395,7 @@ class StoreWriter:
         repo.write(go)
         # only now is it durable: forget exactly what was written
         self.last_audit = list(written)
+        self.last_transitions = [(w, tr) for w, _, tr in flushed]
         del self._audit_records[: len(records)]
         del self._transitions[: len(transitions)]
         del self._decisions[: len(decisions)]
