@@ -10,6 +10,13 @@ every reason; it never raises.
 
 After each applied batch the invariants of what the batch touched are checked
 (``check_invariants``); :meth:`validate_state` is the full sweep.
+
+What an applied batch did leaves as a value: ``ApplyResult.transitions`` (its
+lifecycle transitions, in order), and, for a reader that asked
+(:meth:`ControlPlane.keep_effects`: the reconciler), the same values of every
+batch until :meth:`ControlPlane.take_effects`, whoever applied them; a batch
+undone by :meth:`ControlPlane.rollback_to` is gone from them. ``listeners``
+remain for observers that need a push (the store writer, monitors, metrics).
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 The engine owns the loop the DESIGN's data path describes (convention 1: the
 core decides, the runtime carries it out):
 
-    tick: poll backend events -> apply them as facts (deduplicated by id)
-          -> scheduling cycle -> make it durable (state, decisions, audit, one
-          transaction) -> send the resulting commands -> publish the streams
+    tick: apply (queued calls, backend events as facts deduplicated by id, the
+          hooks' proposals) -> commands (the effects of what was applied, read
+          as a value, plus a scheduling cycle) -> flush (state, decisions,
+          audit: one transaction) -> send the commands -> publish the streams
 
 Requests (submit, cancel, cordon, proposals from the agent) go through the
 same control plane under the engine lock, and are **acknowledged only once
@@ -35,6 +36,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -578,31 +580,32 @@ class Engine:
 
     # ==================================================================== loop
     def tick(self) -> TickReport:
-        """One iteration of the loop (see the module docstring)."""
+        """One iteration of the loop (see the module docstring), in four parts: apply
+        what came in, turn what it did into commands, make it durable, send.
+
+        What was applied is read as a value (the control plane's effects, taken by
+        each ``reconciler.step()``), not collected on the side; the second step
+        turns what the tick hooks applied into commands in the same tick when it
+        is worth a cycle (otherwise the next tick's first step reads it)."""
         rep = TickReport()
-        cmds: list[Command] = []
         with self.lock:
+            # 1. apply: calls queued for the engine thread, the backend's facts
             while self._calls:
-                fn = self._calls.popleft()
-                try:
-                    fn()
-                except Exception as exc:
-                    log.exception("engine call failed")
-                    rep.errors.append(f"{type(exc).__name__}: {exc}")
+                self._guarded(self._calls.popleft(), "engine call failed", rep)
             events = self.backend.poll()
             rep.events = len(events)
             if events:
                 self.reconciler.handle(events)
+            # 2. commands: effects -> retries, scheduling cycle, starts -> commands
             cmds = self.reconciler.step()
+            # 1'. apply: the hooks (agent, workflows) propose through the request path
             for hook in list(self.tick_hooks):
-                try:
-                    hook(self)
-                except Exception as exc:  # a broken plug-in must not stop the engine
-                    log.exception("tick hook failed")
-                    rep.errors.append(f"{type(exc).__name__}: {exc}")
-            cmds += self.reconciler.step() if self.reconciler.wants_step() else []
+                self._guarded(partial(hook, self), "tick hook failed", rep)
+            if self.reconciler.wants_step():
+                cmds += self.reconciler.step()  # 2'. what the hooks applied, now
+            # 3. flush: durable before the backend acts on it
             try:
-                self._flush_locked()  # durable before the backend acts on it
+                self._flush_locked()
             except Exception as exc:
                 rep.errors.append(self.degraded or str(exc))
                 # state is kept in memory and written by the next successful flush; do not
@@ -612,6 +615,7 @@ class Engine:
             if self._held_commands:
                 cmds, self._held_commands = [*self._held_commands, *cmds], []
             rep.version = self.cp.version
+        # 4. send
         if cmds:
             self.backend.send(cmds)
             for c in cmds:
@@ -628,6 +632,16 @@ class Engine:
             self.maintenance()
         self.ticks += 1
         return rep
+
+    @staticmethod
+    def _guarded(fn: Callable[[], object], what: str, rep: TickReport) -> None:
+        """Run ``fn``; a failure is logged and reported, never stops the loop (a broken
+        plug-in must not stop the engine)."""
+        try:
+            fn()
+        except Exception as exc:
+            log.exception(what)
+            rep.errors.append(f"{type(exc).__name__}: {exc}")
 
     def maintenance(self) -> dict[str, int]:
         """Store buffered telemetry, downsample old samples, drop those past retention."""
