@@ -1,0 +1,475 @@
+"""The control plane's state and the primitives every handler uses: lifecycle
+transitions with their undo, holding and freeing capacity, decision records,
+the effects log and savepoints; the result types of ``apply``; the shared rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from mlwe.core.actions import (
+    Action,
+    subject,
+)
+from mlwe.core.capacity import FULL, CapacityIndex, NodeInfo, ReplicaAlloc
+from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
+from mlwe.core.clock import Clock
+from mlwe.core.decisions import DecisionRecord
+from mlwe.core.lifecycle import QUEUED, TRANSITIONS, State, Transition
+from mlwe.core.model import Queue, Workload
+from mlwe.core.resources import Resources
+from mlwe.core.spec import NodeStatus, QueueSpec, WorkloadSpec
+
+DEFAULT_QUEUE = "default"
+#: Exit causes that do not count against a workload's retries.
+NOT_ITS_FAULT = frozenset({"node-lost", "vanished"})
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    index: int  # position of the action in its batch
+    action: str  # action kind
+    subject: str  # workload, node or queue id
+    reasons: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"#{self.index} {self.action} {self.subject}: " + "; ".join(self.reasons)
+
+
+class Changed(NamedTuple):
+    """One lifecycle transition an applied batch made, with what the workload's
+    retry bookkeeping said when the batch was applied (a later batch may change it
+    before the transition is read)."""
+
+    workload: Workload
+    transition: Transition
+    attempt: int
+    failures: int
+    failure_cause: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    accepted: bool
+    version: int
+    rejections: tuple[Rejection, ...] = ()
+    duplicate: bool = False  # the event id was seen before: acknowledged, no effect
+    ignored: tuple[str, ...] = ()  # stale backend facts acknowledged without effect
+    created: tuple[str, ...] = ()  # ids assigned to submitted workloads
+    #: What the batch did: its lifecycle transitions, in the order it made them.
+    transitions: tuple[Changed, ...] = field(default=(), compare=False, repr=False)
+
+    def reasons(self) -> list[str]:
+        return [str(r) for r in self.rejections]
+
+
+class InvariantViolation(AssertionError):
+    """State broke a rule the control plane guarantees: a bug, never user error."""
+
+
+@dataclass(slots=True)
+class _Txn:
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    touched_nodes: dict[str, None] = field(default_factory=dict)
+    touched_workloads: dict[str, None] = field(default_factory=dict)
+    created: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    transitions: list[tuple[Workload, Transition]] = field(default_factory=list)
+
+    def rollback(self) -> None:
+        for fn in reversed(self.undo):
+            fn()
+        self.undo.clear()
+
+
+@dataclass(slots=True)
+class Savepoint:
+    """Where :meth:`ControlPlane.rollback_to` takes the state back to: every batch
+    applied since :meth:`ControlPlane.savepoint` keeps its undo log here.
+
+    The runtime takes one around requests it still has to make durable: if the
+    store cannot take them, they are undone in memory too (an error answer means
+    nothing was kept)."""
+
+    version: int
+    decision_seq: int
+    decisions: int
+    counters: dict[str, int]
+    effects: int  # length of the control plane's effects log when it was taken
+    undo: list[list[Callable[[], None]]] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+
+class PlaneState:
+    """The state of :class:`mlwe.core.controlplane.ControlPlane` and its primitives
+    (the handlers of each kind of action are mixed in over it)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        catalog: GpuCatalog = DEFAULT_CATALOG,
+        check_invariants: bool = True,
+        decision_sink: Callable[[DecisionRecord], None] | None = None,
+        max_remembered_events: int = 200_000,
+    ) -> None:
+        self.clock = clock
+        self.catalog = catalog
+        self.check_invariants = check_invariants
+        self.version = 0
+        self.capacity = CapacityIndex()
+        self.workloads: dict[str, Workload] = {}
+        self.queued: dict[str, None] = {}  # ids in PENDING / PREEMPTED, arrival order
+        self.on_node: dict[str, dict[str, None]] = {}  # node -> ids of workloads holding there
+        self.queues: dict[str, Queue] = {}
+        self.holding_by_priority: dict[int, int] = {}  # priority -> workloads holding resources
+        #: Bumped whenever any workload takes or gives back resources: projections
+        #: made at one epoch stay valid until it changes.
+        self.holding_epoch = 0
+        self.decisions: list[DecisionRecord] = []
+        #: Called after each applied batch, once per state transition in it (in order):
+        #: observers that need a push (the store writer, the agent's monitor, metrics).
+        #: What is owed to the backend is not read here but from :meth:`take_effects`.
+        self.listeners: list[Callable[[Workload, Transition], None]] = []
+        #: Called with every stamped decision record (the store, the audit log, streams).
+        self.decision_listeners: list[Callable[[DecisionRecord], None]] = []
+        #: Called after every applied batch that changed state, with its actions and
+        #: result (the store persists what changed beyond lifecycle transitions).
+        self.batch_listeners: list[Callable[[Sequence[Action], ApplyResult], None]] = []
+        self._sink = decision_sink
+        self._decision_seq = 0
+        self._seq = 0
+        self._events: dict[str, int] = {}
+        self._max_events = max_remembered_events
+        self.invariant_checks = 0
+        self.counters: dict[str, int] = {}
+        self._savepoint: Savepoint | None = None
+        #: The transitions of applied batches not yet taken (:meth:`take_effects`), in
+        #: order; None until a reader asks for them (:meth:`keep_effects`).
+        self._effects: list[Changed] | None = None
+        self._put_queue(QueueSpec(name=DEFAULT_QUEUE))
+
+    # ================================================================= effects
+    def keep_effects(self) -> None:
+        """Keep the transitions of every applied batch until :meth:`take_effects`
+        (the reconciler asks, once; a control plane nobody reads keeps nothing)."""
+        if self._effects is None:
+            self._effects = []
+
+    def take_effects(self) -> tuple[Changed, ...]:
+        """The transitions applied since the last call, in order, and forget them.
+
+        A batch rolled back (:meth:`rollback_to`) is gone from them, so taking is
+        refused while a savepoint is open (it could take what is then undone)."""
+        if self._savepoint is not None:
+            raise RuntimeError("effects are taken only with no savepoint open")
+        out = self._effects
+        if not out:
+            return ()
+        self._effects = []
+        return tuple(out)
+
+    def pending_effects(self) -> tuple[Changed, ...]:
+        """What :meth:`take_effects` would return, without taking it."""
+        return tuple(self._effects or ())
+
+    # ============================================================== savepoints
+    def savepoint(self) -> Savepoint:
+        """Start keeping the undo log of every applied batch (one savepoint at a time)."""
+        if self._savepoint is not None:
+            raise RuntimeError("a savepoint is already open")
+        sp = Savepoint(self.version, self._decision_seq, len(self.decisions), dict(self.counters),
+                       len(self._effects or ()))
+        self._savepoint = sp
+        return sp
+
+    def release(self, sp: Savepoint) -> None:
+        """Keep what was applied since ``sp`` (it is durable now)."""
+        if self._savepoint is sp:
+            self._savepoint = None
+
+    def rollback_to(self, sp: Savepoint) -> None:
+        """Undo every batch applied since ``sp``, newest first, and close it.
+
+        Their effects are dropped from :meth:`take_effects`. Listeners have seen
+        those batches: whoever buffered what they said (the store writer) rolls
+        its buffers back too."""
+        if self._savepoint is not sp:
+            raise RuntimeError("not the open savepoint")
+        for undo in reversed(sp.undo):
+            for fn in reversed(undo):
+                fn()
+        for event_id in sp.events:
+            self._events.pop(event_id, None)
+        self.version = sp.version
+        self._decision_seq = sp.decision_seq
+        del self.decisions[sp.decisions :]
+        if self._effects is not None:
+            del self._effects[sp.effects :]
+        self.counters = sp.counters
+        self._savepoint = None
+
+    # ================================================================= reading
+    def now(self) -> float:
+        return self.clock.now()
+
+    def get(self, workload_id: str) -> Workload:
+        try:
+            return self.workloads[workload_id]
+        except KeyError:
+            raise KeyError(f"unknown workload {workload_id!r}") from None
+
+    def queued_workloads(self) -> list[Workload]:
+        w = self.workloads
+        return [w[i] for i in self.queued]
+
+    def holders(self, node: str) -> list[Workload]:
+        w = self.workloads
+        return [w[i] for i in self.on_node.get(node, ())]
+
+    def node_status(self, node: str) -> NodeStatus:
+        return self.capacity.status(node)
+
+    # ================================================================ decisions
+    def record(self, rec: DecisionRecord) -> DecisionRecord:
+        """Stamp and store a decision record (sequence, time, version)."""
+        self._decision_seq += 1
+        stamped = DecisionRecord(
+            kind=rec.kind,
+            workload=rec.workload,
+            policy=rec.policy,
+            chosen=rec.chosen,
+            reasons=rec.reasons,
+            candidates=rec.candidates,
+            inputs_digest=rec.inputs_digest,
+            cause_id=rec.cause_id,
+            time=self.clock.now(),
+            version=self.version,
+            seq=self._decision_seq,
+            extra=rec.extra,
+        )
+        if self._sink is not None:
+            self._sink(stamped)
+        else:
+            self.decisions.append(stamped)
+        for listener in self.decision_listeners:
+            listener(stamped)
+        return stamped
+
+    def note_pending(self, reasons: Mapping[str, str], policy: str, cause_id: str | None) -> None:
+        """Remember why workloads wait; a changed reason becomes an 'unschedulable' record.
+
+        This annotates, it does not change state: no version bump, no lifecycle edge.
+        """
+        for wid, reason in reasons.items():
+            w = self.workloads.get(wid)
+            if w is None or w.state not in QUEUED or w.pending_reason == reason:
+                continue
+            w.pending_reason = reason
+            self.record(
+                DecisionRecord(
+                    kind="unschedulable",
+                    workload=wid,
+                    policy=policy,
+                    chosen="wait",
+                    reasons=(reason,),
+                    cause_id=cause_id,
+                )
+            )
+
+    # ==================================================================== apply
+    def _remember_event(self, event_id: str) -> None:
+        self._events[event_id] = self.version
+        if len(self._events) > self._max_events:
+            # forget the oldest ids; redelivery that late is outside the window
+            for k in list(self._events)[: self._max_events // 10]:
+                del self._events[k]
+
+    def seen_event(self, event_id: str) -> bool:
+        return event_id in self._events
+
+    def _record_rejections(self, rejections: tuple[Rejection, ...], cause_id: str | None) -> None:
+        for r in rejections:
+            self.record(
+                DecisionRecord(
+                    kind="reject",
+                    workload=r.subject,
+                    policy="control-plane",
+                    chosen=f"rejected {r.action}",
+                    reasons=r.reasons,
+                    cause_id=cause_id,
+                )
+            )
+
+    # ========================================================= primitive edits
+    def _transition(
+        self, txn: _Txn, w: Workload, target: State, reason: str, cause_id: str | None
+    ) -> str | None:
+        source = w.state
+        if target not in TRANSITIONS[source]:
+            allowed = ", ".join(sorted(TRANSITIONS[source])) or "none (terminal)"
+            trail = " -> ".join(t.target.value for t in w.history[-8:])
+            return (
+                f"illegal transition {source.value} -> {target.value} for {w.id}"
+                f" (allowed: {allowed}; history: {trail})"
+            )
+        w.state = target
+        tr = Transition(self.clock.now(), source, target, reason, cause_id)
+        w.history.append(tr)
+        txn.transitions.append((w, tr))
+        in_q_before = source in QUEUED
+        in_q_after = target in QUEUED
+        if in_q_after and not in_q_before:
+            self.queued[w.id] = None
+        elif in_q_before and not in_q_after:
+            self.queued.pop(w.id, None)
+        txn.touched_workloads[w.id] = None
+
+        def undo() -> None:
+            w.state = source
+            w.history.pop()
+            if in_q_after and not in_q_before:
+                self.queued.pop(w.id, None)
+            elif in_q_before and not in_q_after:
+                self.queued[w.id] = None  # order within the queue is re-sorted by policy
+
+        txn.undo.append(undo)
+        return None
+
+    def _set(self, txn: _Txn, obj: object, name: str, value: object) -> None:
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        txn.undo.append(lambda: setattr(obj, name, old))
+
+    def _hold(self, txn: _Txn, w: Workload, allocs: tuple[ReplicaAlloc, ...]) -> None:
+        q = self.queues[w.queue]
+        hp = self.holding_by_priority
+        _bump(hp, w.priority, 1)
+        self.holding_epoch += 1
+        for a in allocs:
+            self.capacity.allocate(a)
+            self.on_node.setdefault(a.node, {})[w.id] = None
+            txn.touched_nodes[a.node] = None
+            _add(q.usage, a.res, 1)
+        self._set(txn, w, "placement", allocs)
+
+        def undo() -> None:
+            _bump(hp, w.priority, -1)
+            for a in reversed(allocs):
+                self.capacity.release(a)
+                self.on_node[a.node].pop(w.id, None)
+                _add(q.usage, a.res, -1)
+
+        txn.undo.append(undo)
+
+    def _free(self, txn: _Txn, w: Workload) -> None:
+        allocs = w.placement
+        q = self.queues[w.queue]
+        hp = self.holding_by_priority
+        if allocs:
+            _bump(hp, w.priority, -1)
+            self.holding_epoch += 1
+        for a in allocs:
+            self.capacity.release(a)
+            self.on_node[a.node].pop(w.id, None)
+            txn.touched_nodes[a.node] = None
+            _add(q.usage, a.res, -1)
+        self._set(txn, w, "placement", ())
+
+        def undo() -> None:
+            if allocs:
+                _bump(hp, w.priority, 1)
+            for a in allocs:
+                self.capacity.allocate(a)
+                self.on_node[a.node][w.id] = None
+                _add(q.usage, a.res, 1)
+
+        txn.undo.append(undo)
+
+    # ============================================================ verification
+    def _workload(self, wid: object) -> tuple[Workload | None, list[str]]:
+        if not isinstance(wid, str) or wid not in self.workloads:
+            return None, [f"unknown workload {wid!r}"]
+        return self.workloads[wid], []
+
+    def _put_queue(self, spec: QueueSpec) -> None:
+        old = self.queues.get(spec.name)
+        q = Queue(spec=spec, nominal=spec.nominal_vector(), borrow_limit=spec.borrow_vector())
+        if old is not None:
+            q.usage = old.usage  # shared list: usage is a fact, not configuration
+        self.queues[spec.name] = q
+
+    # ================================================================ restore
+
+
+# ============================================================== shared rules
+def could_hold(info: NodeInfo, spec: WorkloadSpec) -> bool:
+    """Whether the node, empty, could hold one replica of ``spec`` (GPU model, count and
+    VRAM, cpu and memory; node selectors are the caller's business)."""
+    r = spec.resources
+    cap = info.capacity
+    if cap.cpu < r.cpu or cap.ram < r.memory:
+        return False
+    if r.gpu:
+        devices = max(1, r.gpu // FULL)
+        if info.gpu_model is None or info.gpu_count < devices:
+            return False
+        if spec.gpu_models and info.gpu_model not in spec.gpu_models:
+            return False
+        if info.vram_per_gpu < spec.min_vram_per_gpu:
+            return False
+        if r.vram is not None and r.vram > info.vram_per_gpu * devices:
+            return False
+    return True
+
+
+def _add(acc: list[int], r: Resources, sign: int) -> None:
+    acc[0] += sign * r.gpu
+    acc[1] += sign * r.vram
+    acc[2] += sign * r.cpu
+    acc[3] += sign * r.ram
+
+
+def _trail(w: Workload) -> str:
+    """The workload's recent lifecycle, for rejections of an edge the table does not allow."""
+    return "history: " + " -> ".join(t.target.value for t in w.history[-8:])
+
+
+def _subject(action: object) -> str:
+    try:
+        return subject(action)  # type: ignore[arg-type]
+    except Exception:  # a malformed action still gets a readable rejection
+        return "?"
+
+
+def _with_cause(rec: DecisionRecord, cause_id: str) -> DecisionRecord:
+    return DecisionRecord(
+        kind=rec.kind,
+        workload=rec.workload,
+        policy=rec.policy,
+        chosen=rec.chosen,
+        reasons=rec.reasons,
+        candidates=rec.candidates,
+        inputs_digest=rec.inputs_digest,
+        cause_id=cause_id,
+        extra=rec.extra,
+    )
+
+
+def priority_index(workloads: Mapping[str, Workload]) -> dict[int, int]:
+    """Count of workloads per priority (handy for reports and tests)."""
+    out: dict[int, int] = {}
+    for w in workloads.values():
+        out[w.priority] = out.get(w.priority, 0) + 1
+    return out
+
+
+def _bump(counts: dict[int, int], key: int, by: int) -> None:
+    """Count ``by`` more at ``key``; a count that reaches zero is dropped, so the
+    preemption pre-check ("does anyone hold at a lower priority?") scans only live
+    priorities, not every priority ever held (fine-grained levels make many)."""
+    n = counts.get(key, 0) + by
+    if n:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
