@@ -74,26 +74,8 @@ def project_start(
     left = remaining or _declared
     f = (fork or cp.capacity).fork()
     place = placement or BestFit()
-    assumed = 0
-    heap: list[tuple[float, int, tuple[ReplicaAlloc, ...]]] = []
-    seq = 0
-    for wid in _holders(cp):
-        h = cp.workloads[wid]
-        if (
-            preemptible_below is not None
-            and h.priority < preemptible_below
-            and h.state is not State.PREEMPTING
-            and preemptible(h, now) is None
-        ) or h.state in (State.PREEMPTING, State.STOPPING):
-            end = now + grace_s
-        else:
-            rem = left(h, now)
-            if rem is None:
-                rem = max(0.0, default_estimate_s - h.runtime(now))
-                assumed += 1
-            end = now + rem
-        seq += 1
-        heap.append((end, seq, h.placement))
+    heap, assumed = _holder_ends(cp, left, now, default_estimate_s, preemptible_below, grace_s)
+    seq = len(heap)
     heapq.heapify(heap)
     order = [*ahead, target]
     shapes = {id(w): shape_of(w.spec, accepted_models(cp, w)) for w in order}
@@ -134,6 +116,39 @@ def project_start(
                 if freed is not None:
                     freed.add(a.node)
         steps += 1
+
+
+def _holder_ends(
+    cp: ControlPlane,
+    left: Remaining,
+    now: float,
+    default_estimate_s: float,
+    preemptible_below: int | None,
+    grace_s: float,
+) -> tuple[list[tuple[float, int, tuple[ReplicaAlloc, ...]]], int]:
+    """When each holder is expected to release what it holds, as (end, seq,
+    allocations), and how many ends were assumed (nobody estimated them): a
+    holder being stopped, or one :func:`project_start` treats as evicted, after
+    ``grace_s``; the rest after their expected remaining time."""
+    heap: list[tuple[float, int, tuple[ReplicaAlloc, ...]]] = []
+    assumed = 0
+    for wid in _holders(cp):
+        h = cp.workloads[wid]
+        if (
+            preemptible_below is not None
+            and h.priority < preemptible_below
+            and h.state is not State.PREEMPTING
+            and preemptible(h, now) is None
+        ) or h.state in (State.PREEMPTING, State.STOPPING):
+            end = now + grace_s
+        else:
+            rem = left(h, now)
+            if rem is None:
+                rem = max(0.0, default_estimate_s - h.runtime(now))
+                assumed += 1
+            end = now + rem
+        heap.append((end, len(heap) + 1, h.placement))
+    return heap, assumed
 
 
 def _may_fit_now(f: CapacityIndex, shape: Shape, replicas: int, freed: set[str]) -> bool:
