@@ -99,10 +99,33 @@ def daemon_command(
     except ValueError as exc:
         err(f"error: --engine: {exc}", err=True)
         raise typer.Exit(2) from None
+    specs, indices = _declared_nodes(node or [], cluster, serve)
+    nvml = Nvml.open()
+    try:
+        configs, source = check_nodes(specs, indices, nvml=nvml, declared_gpus=declared_gpus)
+    except DaemonConfigError as exc:
+        err(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    config = DaemonConfig(
+        engine=address, nodes=configs, state_dir=state_dir.expanduser(),
+        checkpoint_root=checkpoint_root.expanduser() if checkpoint_root else None,
+        token=token, parent_pid=parent_pid, shutdown_grace_s=shutdown_grace, gpu_source=source,
+    )
+    code = Daemon(config, nvml).run()
+    if code:
+        raise typer.Exit(code)
+
+
+def _declared_nodes(
+    node: list[str], cluster: Path | None, serve: str | None
+) -> tuple[list[NodeSpec], dict[str, tuple[int, ...]]]:
+    """The nodes to serve (``--node``, then ``--serve`` of ``--cluster``) and their given
+    GPU indices; an error is printed and exits with 2."""
+    err = typer.echo
     specs: list[NodeSpec] = []
     indices: dict[str, tuple[int, ...]] = {}
     try:
-        for text in node or []:
+        for text in node:
             spec, idx = parse_node(text)
             specs.append(spec)
             if idx is not None:
@@ -128,20 +151,7 @@ def daemon_command(
     elif serve:
         err("error: --serve needs --cluster", err=True)
         raise typer.Exit(2)
-    nvml = Nvml.open()
-    try:
-        configs, source = check_nodes(specs, indices, nvml=nvml, declared_gpus=declared_gpus)
-    except DaemonConfigError as exc:
-        err(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    config = DaemonConfig(
-        engine=address, nodes=configs, state_dir=state_dir.expanduser(),
-        checkpoint_root=checkpoint_root.expanduser() if checkpoint_root else None,
-        token=token, parent_pid=parent_pid, shutdown_grace_s=shutdown_grace, gpu_source=source,
-    )
-    code = Daemon(config, nvml).run()
-    if code:
-        raise typer.Exit(code)
+    return specs, indices
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,13 +21,17 @@ The daemon is one thread around a selector (the engine socket, a pidfd per
 replica, a report pipe per replica), so 50 idle workloads cost it almost
 nothing. Facts (started, exited, checkpoints) stay in an outbox until the
 engine acknowledges them and are re-sent after a reconnect.
+
+Its parts: the configuration and the check of its nodes against the machine
+(:mod:`.daemon_config`), one replica's record, environment, process and exit
+status (:mod:`.replica`), and what a telemetry sample says
+(:mod:`.daemon_telemetry`); this module is the daemon itself: the engine link,
+starts, stops, exits and the workload helper's reports.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import json
 import logging
 import os
 import selectors
@@ -39,11 +43,16 @@ import tempfile
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from mlwe.backends.local.daemon_config import (
+    DaemonConfig,
+    DaemonConfigError,
+    NodeConfig,
+    check_nodes,
+)
+from mlwe.backends.local.daemon_telemetry import daemon_samples
 from mlwe.backends.local.procs import (
     ProcessTree,
     kill_tree,
@@ -60,186 +69,25 @@ from mlwe.backends.local.protocol import (
     finite_metrics,
     is_fraction,
 )
-from mlwe.backends.local.telemetry import (
-    VRAM_SLACK,
-    Nvml,
-    host_sample,
-    machine_memory_mib,
-    usable_cpus,
+from mlwe.backends.local.replica import (
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_START_FAILED,
+    Key,
+    Replica,
+    exit_status,
+    parse_report,
+    popen_replica,
+    replica_env,
 )
-from mlwe.core.catalog import DEFAULT_CATALOG
-from mlwe.core.spec import NodeSpec
+from mlwe.backends.local.telemetry import Nvml, machine_memory_mib, usable_cpus
 
 log = logging.getLogger("mlwe.daemon")
 
-#: Exit codes of replicas that never ran (shell and container conventions).
-EXIT_NOT_FOUND = 127
-EXIT_NOT_EXECUTABLE = 126
-EXIT_START_FAILED = 125
-
-Key = tuple[str, int, int]  # workload, attempt, replica
-
-_PR_SET_PDEATHSIG = 1
-try:
-    _LIBC: Any = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-except OSError:  # pragma: no cover - no libc to load
-    _LIBC = None
-
-
-class DaemonConfigError(ValueError):
-    """The daemon cannot serve what it was asked to (e.g. a node larger than the machine)."""
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    spec: NodeSpec
-    gpu_indices: tuple[int, ...]  # physical GPU index of each of the node's devices
-
-    def to_wire(self) -> dict[str, Any]:
-        d = self.spec.model_dump(mode="json")
-        d["gpu_indices"] = list(self.gpu_indices)
-        return d
-
-
-@dataclass
-class DaemonConfig:
-    engine: tuple[str, int]
-    nodes: list[NodeConfig]
-    state_dir: Path
-    checkpoint_root: Path | None = None
-    token: str | None = None
-    parent_pid: int | None = None
-    shutdown_grace_s: float = 10.0
-    connect_timeout_s: float = 5.0
-    gpu_source: str = "none"  # "nvml", "declared" or "none"
-
-
-def check_nodes(
-    specs: list[NodeSpec],
-    gpu_indices: dict[str, tuple[int, ...]] | None = None,
-    *,
-    nvml: Nvml | None,
-    declared_gpus: bool,
-    cpus: int | None = None,
-    memory_mib: int | None = None,
-) -> tuple[list[NodeConfig], str]:
-    """Check the declared nodes against this machine; every problem in one error.
-
-    A node may not declare more CPU, memory or GPUs than the machine has.
-    Several nodes may share the machine's CPU and memory (that is the point of
-    serving several nodes for tests and demos), but never a GPU. On a machine
-    without GPUs, GPU nodes are accepted only with ``declared_gpus``: their
-    GPUs exist as an allocation only, and every GPU figure says so."""
-    cpus = usable_cpus() if cpus is None else cpus
-    memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
-    gpu_indices = gpu_indices or {}
-    problems: list[str] = []
-    names = [s.name for s in specs]
-    if not specs:
-        problems.append("no node to serve (give --node or --cluster)")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        problems.append(f"node(s) declared twice: {', '.join(dup)}")
-    for s in specs:
-        if s.cpu > cpus * 1000:
-            problems.append(
-                f"node {s.name} declares {s.cpu / 1000:g} CPUs but this machine has {cpus}"
-            )
-        if s.memory > memory_mib:
-            problems.append(
-                f"node {s.name} declares {s.memory} MiB of memory but this machine has"
-                f" {memory_mib} MiB"
-            )
-    wants_gpus = [s for s in specs if s.gpus]
-    if nvml is None and wants_gpus and not declared_gpus:
-        problems.append(
-            "node(s) " + ", ".join(f"{s.name} ({s.gpus} GPUs)" for s in wants_gpus)
-            + " declare GPUs but this machine has none (NVML found no GPU); pass"
-            " --declared-gpus to serve them as an allocation only (GPU figures are then labelled"
-            " declared)"
-        )
-    configs: list[NodeConfig] = []
-    used: dict[int, str] = {}
-    cursor = 0
-    n_dev = len(nvml.devices) if nvml is not None else None
-    for s in specs:
-        idx = gpu_indices.get(s.name)
-        if idx is None:
-            idx = tuple(range(cursor, cursor + s.gpus))
-        cursor = max([cursor, *(i + 1 for i in idx)])
-        if len(idx) != s.gpus:
-            problems.append(f"node {s.name}: {len(idx)} gpu_indices for {s.gpus} GPUs")
-        for i in idx:
-            if i in used:
-                problems.append(f"GPU {i} given to both {used[i]} and {s.name}")
-            used[i] = s.name
-        if n_dev is not None and s.gpus:
-            bad = [i for i in idx if i >= n_dev]
-            if bad:
-                problems.append(
-                    f"node {s.name} declares {s.gpus} GPUs (indices {list(idx)}) but this machine"
-                    f" has {n_dev}"
-                )
-            elif s.gpu_model and nvml is not None:
-                need = DEFAULT_CATALOG[s.gpu_model].vram_mib if s.gpu_model in DEFAULT_CATALOG else 0
-                small = [d for d in (nvml.devices[i] for i in idx)
-                         if d.memory_mib < need * VRAM_SLACK]
-                if small:
-                    d = small[0]
-                    problems.append(
-                        f"node {s.name} declares {s.gpu_model} ({need} MiB per GPU) but GPU"
-                        f" {d.index} is {d.name} with {d.memory_mib} MiB"
-                    )
-        configs.append(NodeConfig(s, tuple(idx)))
-    if problems:
-        raise DaemonConfigError("; ".join(problems))
-    source = "nvml" if nvml is not None else ("declared" if wants_gpus else "none")
-    return configs, source
-
-
-def _child_setup(parent: int) -> Callable[[], None]:
-    def setup() -> None:
-        # die with the daemon: a workload whose daemon is gone is on a lost node,
-        # and the engine will run it again elsewhere
-        if _LIBC is not None:
-            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:
-            os._exit(EXIT_START_FAILED)
-
-    return setup
-
-
-@dataclass
-class Replica:
-    key: Key
-    replicas: int
-    node: str
-    correlation_id: str | None
-    devices: tuple[int, ...]  # physical GPU indices
-    gpu_milli: int
-    vram_mib: int
-    started: float = field(default_factory=time.monotonic)
-    proc: subprocess.Popen[bytes] | None = None
-    tree: ProcessTree | None = None
-    pidfd: int | None = None
-    report_fd: int | None = None
-    report_buf: bytes = b""
-    log_file: IO[bytes] | None = None
-    returncode: int | None = None
-    engine_stop: bool = False  # the engine asked for the stop (preempt, cancel, orphan)
-    shutdown: bool = False  # the daemon is shutting down
-    stop_deadline: float | None = None
-    forced: bool = False
-    term_at: float | None = None  # when SIGTERM was sent
-    exit_at: float | None = None  # when the root process exited
-    next_check: float | None = None  # when to look again whether the tree is gone
-    pending: dict[str, Any] | None = None  # coalesced report not yet sent
-    checkpoint: float | None = None  # progress of the last checkpoint reported
-    bad_reports: int = 0
-
-    @property
-    def stopping(self) -> bool:
-        return self.engine_stop or self.shutdown
+__all__ = [  # what other modules import from here
+    "EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_START_FAILED", "Daemon", "DaemonConfig",
+    "DaemonConfigError", "Key", "NodeConfig", "Replica", "check_nodes",
+]
 
 
 class Daemon:
@@ -554,14 +402,30 @@ class Daemon:
             devices=tuple(node.gpu_indices[d] for d in devices if node and d < len(node.gpu_indices)),
             gpu_milli=int(msg.get("gpu_milli", 0)), vram_mib=int(msg.get("vram_mib", 0)),
         )
+        command = self._start_command(rep, node, msg)
+        if command is None:
+            return
+        ckpt = self._open_files(rep, msg)
+        if ckpt is None:
+            return
+        r, w = os.pipe()
+        env = replica_env(msg, rep, ckpt, w)
+        proc = self._spawn(rep, command, env, r, w)
+        if proc is not None:
+            self._watch(rep, proc, r)
+
+    def _start_command(
+        self, rep: Replica, node: NodeConfig | None, msg: dict[str, Any]
+    ) -> list[str] | None:
+        """The command to start, or None once the start is reported failed."""
         if node is None:
             self._start_failed(rep, EXIT_START_FAILED,
                                f"node {rep.node!r} is not served by this daemon"
                                f" (it serves {', '.join(self.nodes)})")
-            return
+            return None
         if self.shutting_down:
             self._start_failed(rep, EXIT_START_FAILED, "the daemon is shutting down")
-            return
+            return None
         command = msg.get("command") or []
         if not isinstance(command, list) or not command or not all(
             isinstance(a, str) for a in command
@@ -569,8 +433,13 @@ class Daemon:
             self._start_failed(rep, EXIT_NOT_FOUND,
                                "the workload has no command (set spec.command, e.g. [python, -m,"
                                " mlwe.programs.synthetic, --work, '30'])")
-            return
-        wid, attempt, index = key
+            return None
+        return command
+
+    def _open_files(self, rep: Replica, msg: dict[str, Any]) -> Path | None:
+        """Check the checkpoint directory is writable and open the log file: the checkpoint
+        directory, or None once the start is reported failed."""
+        wid, attempt, index = rep.key
         ckpt = Path(msg.get("checkpoint_dir") or self.checkpoint_root / wid)
         try:
             ckpt.mkdir(parents=True, exist_ok=True)
@@ -580,7 +449,7 @@ class Daemon:
             self._start_failed(rep, EXIT_START_FAILED,
                                f"checkpoint directory {ckpt} is not writable:"
                                f" {exc.strerror or exc}")
-            return
+            return None
         try:
             logdir = self.log_root / wid
             logdir.mkdir(parents=True, exist_ok=True)
@@ -588,51 +457,37 @@ class Daemon:
         except OSError as exc:
             self._start_failed(rep, EXIT_START_FAILED,
                                f"cannot open the log file in {self.log_root}: {exc.strerror or exc}")
-            return
-        r, w = os.pipe()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MLWE_")}
-        # programs named "python" or "mlwe" resolve to this daemon's environment first
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        user_env = msg.get("env") or {}
-        if isinstance(user_env, dict):
-            env.update({str(k): str(v) for k, v in user_env.items()})
-        cpu_milli = int(msg.get("cpu_milli", 0))
-        if cpu_milli and "OMP_NUM_THREADS" not in user_env:
-            env["OMP_NUM_THREADS"] = str(max(1, -(-cpu_milli // 1000)))
-        env.update(
-            MLWE_WORKLOAD_ID=wid,
-            MLWE_ATTEMPT=str(attempt),
-            MLWE_REPLICA=str(index),
-            MLWE_REPLICAS=str(rep.replicas),
-            MLWE_NODE=rep.node,
-            MLWE_CHECKPOINT_DIR=str(ckpt),
-            MLWE_REPORT_FD=str(w),
-            MLWE_RESUME_WORK_S=str(float(msg.get("resume_work_s", 0.0))),
-            CUDA_VISIBLE_DEVICES=",".join(str(d) for d in rep.devices),
-        )
+            return None
+        return ckpt
+
+    def _spawn(
+        self, rep: Replica, command: list[str], env: dict[str, str], r: int, w: int
+    ) -> subprocess.Popen[bytes] | None:
+        """Start the program (the report pipe's ends are ``r`` and ``w``); None once the
+        start is reported failed (both ends closed)."""
         try:
-            proc = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=rep.log_file, stderr=subprocess.STDOUT,
-                env=env, pass_fds=(w,), start_new_session=True,
-                preexec_fn=_child_setup(os.getpid()),  # single-threaded daemon: safe
-            )
+            proc = popen_replica(command, env, rep.log_file, w)
         except FileNotFoundError:
             os.close(r)
             os.close(w)
             self._start_failed(rep, EXIT_NOT_FOUND, f"command not found: {command[0]!r}")
-            return
+            return None
         except PermissionError:
             os.close(r)
             os.close(w)
             self._start_failed(rep, EXIT_NOT_EXECUTABLE, f"command not executable: {command[0]!r}")
-            return
+            return None
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             os.close(r)
             os.close(w)
             self._start_failed(rep, EXIT_START_FAILED, f"cannot start {command[0]!r}: {exc}")
-            return
+            return None
         os.close(w)
+        return proc
+
+    def _watch(self, rep: Replica, proc: subprocess.Popen[bytes], r: int) -> None:
+        """The program runs: watch its reports and its exit, and report it started."""
+        wid, attempt, index = rep.key
         os.set_blocking(r, False)
         rep.proc = proc
         rep.tree = ProcessTree(proc.pid)
@@ -645,7 +500,7 @@ class Daemon:
         except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): poll
             rep.pidfd = None
             rep.next_check = time.monotonic() + 0.05
-        self.replicas[key] = rep
+        self.replicas[rep.key] = rep
         log.info("started %s attempt %d replica %d on %s: pid %d", wid, attempt, index,
                  rep.node, proc.pid)
         self._fact({"type": "started", "workload": wid, "attempt": attempt, "replica": index,
@@ -757,19 +612,7 @@ class Daemon:
         self._flush_report(rep)
         if rep.log_file is not None:
             rep.log_file.close()
-        rc = rep.returncode if rep.returncode is not None else -signal.SIGKILL
-        if rc < 0:
-            sig = -rc
-            code = 128 + sig
-            try:
-                name = signal.Signals(sig).name
-            except ValueError:
-                name = f"signal {sig}"
-            cause = f"killed by {name}" + (" after the grace period" if rep.forced else "")
-        else:
-            code, cause = rc, ("" if rc == 0 else "error")
-        if rep.shutdown and not rep.engine_stop:
-            cause = "daemon-shutdown"
+        code, cause = exit_status(rep)
         wid, attempt, index = rep.key
         del self.replicas[rep.key]
         self._remember_finished(rep.key)
@@ -808,7 +651,7 @@ class Daemon:
         while b"\n" in rep.report_buf:
             line, rep.report_buf = rep.report_buf.split(b"\n", 1)
             try:
-                m = _plain(line)
+                m = parse_report(line)
             except ProtocolError:
                 rep.bad_reports += 1
                 continue
@@ -847,84 +690,5 @@ class Daemon:
 
     # --------------------------------------------------------------- telemetry
     def _telemetry(self) -> None:
-        live = [r for r in self.replicas.values() if r.tree is not None and r.returncode is None]
-        trees = sample_trees([r.tree for r in live if r.tree is not None], time.monotonic())
-        host = host_sample()
-        gpu_dev: dict[int, dict[str, float]] = {}
-        proc_vram: dict[int, dict[int, float]] = {}
-        if self.nvml is not None:
-            for node in self.nodes.values():
-                for i in node.gpu_indices:
-                    gpu_dev[i] = self.nvml.sample(i)
-                    proc_vram[i] = self.nvml.process_vram(i)
-        samples: list[dict[str, Any]] = []
-        per_node: dict[str, dict[str, float]] = {
-            n: {"cpu_pct": 0.0, "rss_mib": 0.0, "workloads": 0.0, "gpus_allocated": 0.0,
-                "vram_allocated_mib": 0.0}
-            for n in self.nodes
-        }
-        for rep in live:
-            assert rep.tree is not None
-            s = trees.get(rep.tree.root)
-            if s is None:
-                continue
-            metrics: dict[str, float] = {
-                "cpu_pct": round(s.cpu_pct, 2), "rss_mib": round(s.rss_bytes / 2**20, 2),
-                "processes": float(len(s.pids)),
-            }
-            declared: list[str] = []
-            if rep.gpu_milli:
-                if self.nvml is not None and rep.devices:
-                    devs = [gpu_dev.get(i, {}) for i in rep.devices]
-                    utils = [d["gpu_util"] for d in devs if "gpu_util" in d]
-                    if utils:
-                        metrics["gpu_util"] = sum(utils) / len(utils)
-                    pids = set(s.pids)
-                    mine = [v for i in rep.devices for pid, v in proc_vram.get(i, {}).items()
-                            if pid in pids]
-                    if mine:
-                        metrics["vram_used_mib"] = sum(mine)
-                    power = [d["gpu_power_w"] for d in devs if "gpu_power_w" in d]
-                    if power:
-                        metrics["gpu_power_w"] = sum(power)
-                else:
-                    metrics["gpus"] = rep.gpu_milli / 1000
-                    metrics["vram_used_mib"] = float(rep.vram_mib)
-                    declared = ["gpus", "vram_used_mib"]
-            samples.append({"node": rep.node, "workload": rep.key[0], "attempt": rep.key[1],
-                            "replica": rep.key[2], "metrics": metrics, "declared": declared})
-            agg = per_node[rep.node]
-            agg["cpu_pct"] += s.cpu_pct
-            agg["rss_mib"] += s.rss_bytes / 2**20
-            agg["workloads"] += 1
-            agg["gpus_allocated"] += rep.gpu_milli / 1000
-            agg["vram_allocated_mib"] += rep.vram_mib
-        for name, node in self.nodes.items():
-            agg = per_node[name]
-            metrics = {k: round(v, 2) for k, v in agg.items()}
-            metrics["cpu_util"] = round(agg["cpu_pct"] / 100 / (node.spec.cpu / 1000), 4)
-            metrics.update(host)
-            declared = []
-            if node.gpu_indices and self.nvml is not None:
-                devs = [gpu_dev.get(i, {}) for i in node.gpu_indices]
-                for k in ("gpu_util", "vram_used_mib", "gpu_power_w"):
-                    vals = [d[k] for d in devs if k in d]
-                    if vals:
-                        metrics[k] = sum(vals) / len(vals) if k == "gpu_util" else sum(vals)
-            elif node.spec.gpus:
-                metrics["vram_used_mib"] = agg["vram_allocated_mib"]
-                declared = ["gpus_allocated", "vram_allocated_mib", "vram_used_mib"]
-            samples.append({"node": name, "workload": None, "metrics": metrics,
-                            "declared": declared})
+        samples = daemon_samples(self.replicas.values(), self.nodes, self.nvml)
         self._send({"type": "telemetry", "samples": samples})
-
-
-def _plain(line: bytes) -> dict[str, Any]:
-    """A report line from :mod:`mlwe.workload` (a JSON object without a type)."""
-    try:
-        m = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(str(exc)) from None
-    if not isinstance(m, dict):
-        raise ProtocolError("a report is a JSON object")
-    return m
