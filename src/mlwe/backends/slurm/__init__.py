@@ -2,8 +2,10 @@
 
 - :mod:`.commands`: Slurm's commands (sbatch, scancel, squeue, node state) and
   their JSON (or text) output, parsed;
-- :mod:`.backend`: :class:`SlurmBackend`, the Backend protocol on Slurm, and
-  :func:`discover_cluster` (a ClusterSpec from Slurm's node table);
+- :mod:`.backend`: :class:`SlurmBackend`, the Backend protocol on Slurm (with
+  :mod:`.config`, :mod:`.state`, :mod:`.jobs`, :mod:`.reports` and
+  :mod:`.nodes`), and :func:`discover_cluster` (:mod:`.discovery`: a
+  ClusterSpec from Slurm's node table);
 - :mod:`.task`: what each Slurm task runs (one replica's program, its reports
   to a shared file);
 - :mod:`.cluster`: a real Slurm cluster on one machine (munged, slurmctld, one

@@ -40,6 +40,12 @@ Slurm is asked from one thread of the backend's own (commands are queued by
 :meth:`send`), so the engine's loop never waits for a Slurm command.
 ``squeue`` runs every ``squeue_fast_s`` while an attempt waits on Slurm (a
 start, a stop, an exit to confirm), every ``squeue_slow_s`` otherwise.
+
+Its parts: the options (:mod:`.config`), the bookkeeping (:mod:`.state`), the
+job's comment, components, files and arguments (:mod:`.jobs`), the record
+files (:mod:`.reports`), the nodes (:mod:`.nodes`) and :func:`discover_cluster`
+(:mod:`.discovery`); this module is :class:`SlurmBackend` itself: the protocol,
+its thread, submitting, stopping and Slurm's view of the jobs.
 """
 
 from __future__ import annotations
@@ -47,52 +53,45 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import logging
-import math
-import os
 import queue
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeGuard
+from typing import Any
 
-from mlwe.backends.slurm.commands import (
-    DOWN_NODE_STATES,
-    SlurmCommands,
-    SlurmError,
-    SlurmJobInfo,
-    SlurmNodeInfo,
+from mlwe.backends.slurm.commands import SlurmCommands, SlurmError, SlurmJobInfo
+from mlwe.backends.slurm.config import SlurmBackendConfig
+from mlwe.backends.slurm.discovery import discover_cluster, gpu_model_of
+from mlwe.backends.slurm.jobs import (
+    _write_json,
+    comment_of,
+    job_components,
+    parse_comment,
+    sbatch_args,
+    write_job_script,
 )
-from mlwe.core.actions import Exited, Progress, Released, Started
+from mlwe.backends.slurm.nodes import _NodeWatch
+from mlwe.backends.slurm.state import EXIT_START_FAILED, _Attempt, _Clock, _Replica, log
+from mlwe.core.actions import Exited, Released
 from mlwe.core.backend import (
     Command,
     Event,
-    Fact,
-    NodeDown,
-    NodeUp,
     RunningAttempt,
     StartCommand,
     StopCommand,
     Telemetry,
     dispatch,
 )
-from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
-from mlwe.core.spec import ClusterSpec, NodeSpec
+from mlwe.core.spec import ClusterSpec
 
-log = logging.getLogger("mlwe.slurm")
-
-COMMENT_KEY = "mlwe"
-EXIT_START_FAILED = 125
-
-
-class _Clock(Protocol):
-    def now(self) -> float: ...
+__all__ = [  # what other modules import from here
+    "SlurmBackend", "SlurmBackendConfig", "comment_of", "discover_cluster", "gpu_model_of",
+    "job_components", "parse_comment",
+]
 
 
 class _EpochClock:
@@ -100,192 +99,7 @@ class _EpochClock:
         return time.time()
 
 
-@dataclass
-class SlurmBackendConfig:
-    """How the Slurm backend reaches Slurm and behaves (figures in seconds)."""
-
-    prefix: str = "mlwe"  # this engine's jobs: --comment {"mlwe": prefix, ...}
-    partition: str | None = None  # None: the cluster's default partition
-    account: str | None = None
-    run_dir: str | None = None  # shared by engine and nodes: scripts, reports, logs
-    checkpoint_root: str | None = None  # shared; default <run_dir>/checkpoints
-    python: str = sys.executable  # the Python (with mlwe) the tasks run under
-    slurm_conf: str | None = None  # SLURM_CONF for the commands; None: Slurm's default
-    bin_dir: str | None = None  # where sbatch & co live; None: PATH
-    command_timeout_s: float = 30.0
-    tick_s: float = 0.05  # how often the report files are read
-    squeue_fast_s: float = 0.2
-    squeue_slow_s: float = 2.0
-    node_period_s: float = 1.0
-    #: a node Slurm flags NOT_RESPONDING (a missed ping, often a busy slurmd) is lost only
-    #: once the flag lasts this long, or when Slurm itself sets it DOWN
-    not_responding_s: float = 5.0
-    telemetry_period_s: float = 1.0  # the tasks' CPU/RSS samples
-    start_timeout_s: float = 300.0  # a job Slurm keeps pending longer fails to start
-    stop_margin_s: float = 10.0  # after the force: Slurm must have ended the job by then
-    default_grace_s: float = 10.0  # for a SIGTERM that did not come from this engine
-    progress_step: float = 0.0  # progress is reported when it moved this much (or checkpointed)
-    extra_sbatch: tuple[str, ...] = ()  # e.g. ("--qos=mlwe",)
-
-    def __post_init__(self) -> None:
-        if not self.prefix or any(c in self.prefix for c in ':"\\ '):
-            raise ValueError(f"prefix {self.prefix!r} must be non-empty, without ':', quotes,"
-                             " backslashes or spaces")
-        for name in ("tick_s", "squeue_fast_s", "squeue_slow_s", "node_period_s",
-                     "telemetry_period_s", "start_timeout_s", "command_timeout_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
-        for name in ("stop_margin_s", "default_grace_s", "progress_step", "not_responding_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"{name} must not be negative, got {v!r}")
-
-
-@dataclass
-class _Replica:
-    index: int
-    node: str
-    offset: int = 0
-    partial: bytes = b""
-    started: bool = False
-    exit: dict[str, Any] | None = None
-
-
-@dataclass
-class _Attempt:
-    workload: str
-    attempt: int
-    correlation_id: str | None
-    dir: Path
-    replicas: dict[int, _Replica]
-    gpus_per_replica: int = 0
-    job_id: int | None = None
-    submitted_at: float = 0.0  # monotonic
-    submit_error: str | None = None
-    slurm: list[SlurmJobInfo] = field(default_factory=list)  # the job's components, last seen
-    seen_in_squeue: bool = False
-    started_emitted: bool = False
-    pending_progress: tuple[float, bool] | None = None
-    last_progress: float | None = None
-    checkpoint: float | None = None
-    stop_requested: bool = False
-    grace_s: float = 0.0
-    stop_sent: bool = False
-    force_at: float | None = None  # monotonic: when the force is due
-    forced: bool = False
-    gang_broken: bool = False
-    final: bool = False
-    lost: bool = False
-    adopted: bool = False
-    started_s: float | None = None  # submit -> Started, seconds
-    stop_wait_s: float | None = None  # slowest replica's SIGTERM -> exit
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.workload, self.attempt)
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(r.node for r in self.replicas.values()))
-
-
-def comment_of(prefix: str, workload: str, attempt: int, adir: Path) -> str:
-    return json.dumps({COMMENT_KEY: prefix, "w": workload, "a": attempt, "d": str(adir)},
-                      separators=(",", ":"))
-
-
-def parse_comment(text: str, prefix: str) -> tuple[str, int, Path] | None:
-    """(workload, attempt, attempt dir) from one of this engine's job comments, else None."""
-    try:
-        data = json.loads(text)
-    except (ValueError, TypeError):
-        return None
-    if not isinstance(data, dict) or data.get(COMMENT_KEY) != prefix:
-        return None
-    try:
-        return str(data["w"]), int(data["a"]), Path(str(data["d"]))
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def job_components(placement: Sequence[tuple[str, int]], gpus_per_replica: int,
-                   cpus_per_replica: int, memory_mib_per_replica: int,
-                   gres_type: Callable[[str], str]) -> list[list[str]]:
-    """The ``sbatch`` options of each job component for a placement (node per replica).
-
-    Nodes alike (as many replicas, the same GRES type) share one component; one
-    component is a plain job, several a heterogeneous one."""
-    per_node: dict[str, int] = {}
-    for node, _ in placement:
-        per_node[node] = per_node.get(node, 0) + 1
-    groups: dict[tuple[int, str], list[str]] = {}
-    for node, count in per_node.items():
-        gtype = gres_type(node) if gpus_per_replica else ""
-        groups.setdefault((count, gtype), []).append(node)
-    out = []
-    for (count, gtype), nodes in groups.items():
-        opts = [f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
-                f"--ntasks-per-node={count}", f"--cpus-per-task={cpus_per_replica}",
-                f"--mem={max(1, count * memory_mib_per_replica)}M"]
-        if gpus_per_replica:
-            n = count * gpus_per_replica
-            opts.append(f"--gres=gpu:{gtype}:{n}" if gtype else f"--gres=gpu:{n}")
-        out.append(opts)
-    return out
-
-
-def gpu_model_of(gres_type: str, catalog: GpuCatalog = DEFAULT_CATALOG) -> str | None:
-    """The catalogue model a GRES type names (``t4`` -> ``T4``, ``a100_80gb`` -> ``A100-80GB``)."""
-    def norm(s: str) -> str:
-        return "".join(c for c in s.lower() if c.isalnum())
-
-    want = norm(gres_type)
-    for name in catalog.names():
-        if norm(name) == want:
-            return name
-    family = [n for n in catalog.names() if norm(n.split("-")[0]) == want]
-    if family:
-        return max(family, key=lambda n: (catalog[n].vram_mib, catalog[n].rank))
-    return None
-
-
-def discover_cluster(commands: SlurmCommands, partition: str | None = None,
-                     catalog: GpuCatalog = DEFAULT_CATALOG) -> ClusterSpec:
-    """A ClusterSpec of Slurm's nodes (in ``partition``, if given) as Slurm reports them.
-
-    A node whose GPUs are of a type the catalogue does not know is refused with
-    the reason (extend the catalogue, or write the cluster file by hand)."""
-    specs = []
-    problems = []
-    for n in sorted(commands.nodes(), key=lambda n: n.name):
-        if partition and partition not in n.partitions:
-            continue
-        gpus = {t: c for t, c in n.gpus.items() if c > 0}
-        model = None
-        if len(gpus) > 1:
-            problems.append(f"node {n.name}: several GPU types {sorted(gpus)} (mlwe nodes have"
-                            " one model)")
-            continue
-        if gpus:
-            gtype = next(iter(gpus))
-            model = gpu_model_of(gtype, catalog)
-            if model is None:
-                problems.append(f"node {n.name}: GRES type {gtype!r} is no known GPU model"
-                                f" (known: {', '.join(catalog.names())})")
-                continue
-        specs.append(NodeSpec(name=n.name, cpu=str(n.cpus), memory=f"{max(1, n.memory_mib)}Mi",
-                              gpus=sum(gpus.values()), gpu_model=model,
-                              labels={"slurm/partition": ",".join(n.partitions)}))
-    if problems:
-        raise ValueError("cannot describe the Slurm cluster: " + "; ".join(problems))
-    if not specs:
-        raise ValueError("Slurm reports no node" + (f" in partition {partition}" if partition
-                                                     else ""))
-    return ClusterSpec(nodes=tuple(specs))
-
-
-class SlurmBackend:
+class SlurmBackend(_NodeWatch):
     """The Backend protocol over Slurm (see the module docstring)."""
 
     name = "slurm"
@@ -412,19 +226,6 @@ class SlurmBackend:
                     "stop_wait_s": a.stop_wait_s, "forced": a.forced, "final": a.final,
                     "slurm_states": [j.state for j in a.slurm], "dir": str(a.dir)}
 
-    # ================================================================= events
-    def _emit(self, fact: Fact, correlation_id: str | None = None) -> None:
-        self._events.append(
-            Event(f"slurm-{self._iid}-{next(self._n)}", self.clock.now(), fact, correlation_id)
-        )
-        self._wake.set()
-        for listener in self.event_listeners:
-            listener()
-
-    def _error(self, text: str) -> None:
-        log.warning("%s", text)
-        self.errors.append(text)
-
     # ================================================================ commands
     def _start(self, c: StartCommand) -> None:
         key = (c.workload, c.attempt)
@@ -524,7 +325,6 @@ class SlurmBackend:
     # ----------------------------------------------------------------- submit
     def _submit(self, att: _Attempt, c: StartCommand) -> None:
         cfg = self.config
-        spec = c.spec
         with self._lock:
             if att.stop_requested or att.final:
                 if att.stop_requested and not att.final:
@@ -534,6 +334,36 @@ class SlurmBackend:
         res = c.placement[0].res
         cpus = max(1, -(-res.cpu // 1000))
         placement = [(a.node, i) for i, a in enumerate(c.placement)]
+        self._prepare_dir(att, c, placement, cpus)
+        comps = job_components(placement, att.gpus_per_replica, cpus, res.ram,
+                               lambda n: self._gres.get(n, ""))
+        script = write_job_script(att.dir, cfg.python, len(comps))
+        args = sbatch_args(cfg, c.workload, c.attempt, att.dir, comps, script)
+        att.submitted_at = time.monotonic()
+        try:
+            job_id = self.slurm.sbatch(args)
+        except SlurmError as exc:
+            with self._lock:
+                att.final = True
+                self._error(f"{c.workload} attempt {c.attempt}: {exc}")
+                if att.stop_requested:
+                    self._emit(Released(att.workload, att.attempt), att.correlation_id)
+                else:
+                    self._emit(Exited(att.workload, att.attempt, EXIT_START_FAILED,
+                                      f"start-failed: {exc}"), att.correlation_id)
+            return
+        with self._lock:
+            att.job_id = job_id
+        log.info("%s attempt %d: Slurm job %d on %s", c.workload, c.attempt, job_id,
+                 ",".join(att.nodes))
+        self._next_squeue = 0.0
+
+    def _prepare_dir(self, att: _Attempt, c: StartCommand, placement: list[tuple[str, int]],
+                     cpus: int) -> None:
+        """The attempt's directory afresh (no records, no stop file of an earlier
+        submission), its checkpoint directory, and ``meta.json`` for its tasks."""
+        cfg = self.config
+        spec = c.spec
         per_node: dict[str, list[int]] = {}
         for node, i in placement:
             per_node.setdefault(node, []).append(i)
@@ -555,55 +385,6 @@ class SlurmBackend:
             "correlation_id": c.correlation_id,
         }
         _write_json(att.dir / "meta.json", meta)
-        comps = job_components(placement, att.gpus_per_replica, cpus, res.ram,
-                               lambda n: self._gres.get(n, ""))
-        het = f" --het-group=0-{len(comps) - 1}" if len(comps) > 1 else ""
-        task = f"{_sh(cfg.python)} -m mlwe.backends.slurm.task {_sh(str(att.dir))}"
-        script = att.dir / "job.sh"
-        stop_file = _sh(str(att.dir / "stop.json"))
-        script.write_text(
-            "#!/bin/sh\n"
-            "# written by mlwe: one srun step, one task per replica\n"
-            f"srun --kill-on-bad-exit=1 --unbuffered{het} {task}\n"
-            "rc=$?\n"
-            "# a stop mlwe asked for ends the job cleanly, whatever srun says of its signal\n"
-            f"[ -f {stop_file} ] && exit 0\n"
-            "exit $rc\n"
-        )
-        common = [f"--job-name={cfg.prefix}:{c.workload}:{c.attempt}",
-                  f"--comment={comment_of(cfg.prefix, c.workload, c.attempt, att.dir)}",
-                  f"--output={att.dir / 'job.out'}", f"--chdir={att.dir}", "--no-requeue",
-                  "--export=ALL"]
-        if cfg.partition:
-            common.append(f"--partition={cfg.partition}")
-        if cfg.account:
-            common.append(f"--account={cfg.account}")
-        args: list[str] = []
-        for k, opts in enumerate(comps):
-            if k:
-                args.append(":")
-            args += [*common, *cfg.extra_sbatch, *opts] if k == 0 else [*opts]
-            if k and cfg.partition:
-                args.append(f"--partition={cfg.partition}")
-        args.append(str(script))
-        att.submitted_at = time.monotonic()
-        try:
-            job_id = self.slurm.sbatch(args)
-        except SlurmError as exc:
-            with self._lock:
-                att.final = True
-                self._error(f"{c.workload} attempt {c.attempt}: {exc}")
-                if att.stop_requested:
-                    self._emit(Released(att.workload, att.attempt), att.correlation_id)
-                else:
-                    self._emit(Exited(att.workload, att.attempt, EXIT_START_FAILED,
-                                      f"start-failed: {exc}"), att.correlation_id)
-            return
-        with self._lock:
-            att.job_id = job_id
-        log.info("%s attempt %d: Slurm job %d on %s", c.workload, c.attempt, job_id,
-                 ",".join(att.nodes))
-        self._next_squeue = 0.0
 
     # ------------------------------------------------------------------- stop
     def _signal_stop(self, att: _Attempt) -> None:
@@ -636,116 +417,6 @@ class SlurmBackend:
         if att.job_id is not None:
             self.slurm.scancel(att.job_id)
             self._next_squeue = 0.0
-
-    # ------------------------------------------------------------ file reports
-    def _read_files(self, att: _Attempt) -> None:
-        for r in att.replicas.values():
-            path = att.dir / f"r{r.index}.jsonl"
-            try:
-                with open(path, "rb") as f:
-                    f.seek(r.offset)
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            if not data:
-                continue
-            r.offset += len(data)
-            data = r.partial + data
-            lines = data.split(b"\n")
-            r.partial = lines.pop()
-            for line in lines:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict):
-                    self._on_record(att, r, rec)
-
-    def _on_record(self, att: _Attempt, r: _Replica, rec: dict[str, Any]) -> None:
-        kind = rec.get("type")
-        if kind == "started":
-            r.started = True
-            if not att.started_emitted and all(x.started for x in att.replicas.values()):
-                att.started_emitted = True
-                att.started_s = time.monotonic() - att.submitted_at
-                if not att.adopted:
-                    self._emit(Started(att.workload, att.attempt), att.correlation_id)
-                if att.pending_progress is not None:
-                    p, ck = att.pending_progress
-                    att.pending_progress = None
-                    self._progress(att, p, ck)
-        elif kind == "report":
-            self._on_report(att, r, rec.get("data"))
-        elif kind == "sample":
-            m = rec.get("metrics")
-            if isinstance(m, dict):
-                metrics = {k: float(v) for k, v in m.items()
-                           if isinstance(v, int | float) and not isinstance(v, bool)}
-                metrics["replica"] = float(r.index)
-                metrics["attempt"] = float(att.attempt)
-                declared: tuple[str, ...] = ()
-                if att.gpus_per_replica:
-                    metrics["gpus"] = float(att.gpus_per_replica)
-                    declared = ("gpus",)
-                self._telemetry.append(Telemetry(self.clock.now(), r.node, att.workload,
-                                                 metrics, declared))
-        elif kind == "exited":
-            r.exit = rec
-            saved = rec.get("checkpoint")
-            if r.index == 0 and _fraction(saved):
-                att.checkpoint = float(saved)
-            s = rec.get("stop_s")
-            if isinstance(s, int | float):
-                att.stop_wait_s = max(att.stop_wait_s or 0.0, float(s))
-            self._next_squeue = 0.0
-
-    def _on_report(self, att: _Attempt, r: _Replica, data: Any) -> None:
-        if not isinstance(data, dict):
-            return
-        p = data.get("progress")
-        ckpt = bool(data.get("checkpoint"))
-        if r.index == 0 and _fraction(p):
-            if ckpt:
-                att.checkpoint = float(p)
-            if not att.final and not att.adopted:
-                if att.started_emitted:
-                    self._progress(att, float(p), ckpt)
-                elif att.pending_progress is None or ckpt or not att.pending_progress[1]:
-                    att.pending_progress = (float(p), ckpt)
-        metrics: dict[str, float] = {}
-        raw = data.get("metrics")
-        if isinstance(raw, dict):
-            metrics.update({str(k): float(v) for k, v in raw.items()
-                            if isinstance(v, int | float) and not isinstance(v, bool)
-                            and math.isfinite(v)})
-        for k in ("loss", "step", "progress"):
-            v = data.get(k)
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                metrics[k] = float(v)
-        if ckpt:
-            metrics["checkpoint"] = 1.0
-        if metrics and not att.adopted:
-            metrics["replica"] = float(r.index)
-            metrics["attempt"] = float(att.attempt)
-            self._telemetry.append(Telemetry(self.clock.now(), r.node, att.workload, metrics))
-
-    def _progress(self, att: _Attempt, p: float, checkpointed: bool) -> None:
-        last = att.last_progress
-        if not checkpointed and last is not None and (
-            p == last or (p < 1.0 and abs(p - last) < self.config.progress_step)
-        ):
-            return
-        att.last_progress = p
-        self._emit(Progress(att.workload, att.attempt, p, checkpointed=checkpointed),
-                   att.correlation_id)
-
-    @staticmethod
-    def _failed_replica(att: _Attempt) -> _Replica | None:
-        fails = [r for r in att.replicas.values()
-                 if r.exit is not None and not r.exit.get("stopped")
-                 and (r.exit.get("code") != 0 or str(r.exit.get("cause") or ""))]
-        return min(fails, key=lambda r: float(r.exit.get("t", 0.0) if r.exit else 0.0),
-                   default=None)
 
     # -------------------------------------------------------------- job state
     def _check_jobs(self, live: list[_Attempt]) -> None:
@@ -817,78 +488,6 @@ class SlurmBackend:
                               f"error: the Slurm job ended {what} without every replica's"
                               " exit"), a.correlation_id)
 
-    # ------------------------------------------------------------------ nodes
-    def _check_nodes(self, nodes: Iterable[SlurmNodeInfo]) -> list[str]:
-        have = {n.name: n for n in nodes}
-        problems = []
-        for name, spec in self._specs.items():
-            n = have.get(name)
-            if n is None:
-                problems.append(f"node {name} is not a Slurm node (Slurm has:"
-                                f" {', '.join(sorted(have)[:20]) or 'none'})")
-                continue
-            if self.config.partition and n.partitions and self.config.partition not in n.partitions:
-                problems.append(f"node {name} is not in partition {self.config.partition}")
-            if n.cpus * 1000 < spec.cpu:
-                problems.append(f"node {name}: declares {spec.cpu}m CPU, Slurm has {n.cpus}")
-            if n.memory_mib and n.memory_mib < spec.memory:
-                problems.append(f"node {name}: declares {spec.memory} MiB, Slurm has"
-                                f" {n.memory_mib}")
-            if spec.gpus:
-                count = sum(n.gpus.values())
-                if count < spec.gpus:
-                    problems.append(f"node {name}: declares {spec.gpus} GPUs, Slurm's GRES has"
-                                    f" {count}")
-                types = [t for t, c in n.gpus.items() if c > 0]
-                if len(types) == 1:
-                    self._gres[name] = types[0]
-        return problems
-
-    def _on_nodes(self, nodes: Iterable[SlurmNodeInfo]) -> None:
-        seen = set()
-        now = self.clock.now()
-        for n in nodes:
-            if n.name not in self._specs:
-                continue
-            seen.add(n.name)
-            down = n.down
-            if down and not (n.flags - {"NOT_RESPONDING"}) & DOWN_NODE_STATES:
-                # only NOT_RESPONDING: lost once it lasts (Slurm's own DOWN comes later)
-                since = self._not_responding.setdefault(n.name, time.monotonic())
-                down = time.monotonic() - since >= self.config.not_responding_s
-            else:
-                self._not_responding.pop(n.name, None)
-            self._node_state(n.name, down, f"Slurm says {n.describe()}")
-            metrics = {"slurm_cpus": float(n.cpus), "slurm_alloc_cpus": float(n.alloc_cpus),
-                       "slurm_alloc_memory_mib": float(n.alloc_memory_mib),
-                       "up": 0.0 if self._down.get(n.name) else 1.0}
-            if n.cpu_load is not None:
-                metrics["load_1m"] = n.cpu_load
-            if n.free_memory_mib is not None:
-                metrics["mem_free_mib"] = float(n.free_memory_mib)
-            self._telemetry.append(Telemetry(now, n.name, None, metrics))
-        for name in self._specs:
-            if name not in seen:
-                self._node_state(name, True, "no longer a Slurm node")
-
-    def _node_state(self, name: str, down: bool, reason: str) -> None:
-        if down == self._down.get(name):
-            return
-        self._down[name] = down
-        if not down:
-            self._emit(NodeUp(name))
-            return
-        log.warning("node %s down: %s", name, reason)
-        self._emit(NodeDown(name, reason))
-        for a in self._attempts.values():
-            if a.final or name not in a.nodes:
-                continue
-            # the control plane fails it (node-lost) when it handles NodeDown; the
-            # replicas elsewhere must not keep running
-            a.final = a.lost = True
-            if a.job_id is not None:
-                self._work.put(("cancel", a))
-
     # --------------------------------------------------------------- adoption
     def _adopt(self, wid: str, attempt: int, adir: Path, job_id: int) -> _Attempt | None:
         try:
@@ -907,18 +506,3 @@ class SlurmBackend:
         att.started_emitted = True
         return att
 
-
-def _fraction(v: Any) -> TypeGuard[int | float]:
-    return isinstance(v, int | float) and not isinstance(v, bool) and 0.0 <= float(v) <= 1.0
-
-
-def _sh(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)

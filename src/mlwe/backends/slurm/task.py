@@ -75,15 +75,10 @@ def gpu_share(meta: dict[str, Any], env: dict[str, str], index: int) -> str:
     return ",".join(visible[k * per:(k + 1) * per])
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m mlwe.backends.slurm.task ATTEMPT_DIR", file=sys.stderr)
-        return 2
-    adir = Path(argv[0])
-    meta = json.loads((adir / "meta.json").read_text())
-    env_in = dict(os.environ)
-    index = replica_index(meta, env_in)
-    out = _Out(adir / f"r{index}.jsonl")
+def task_env(meta: dict[str, Any], env_in: dict[str, str], adir: Path, index: int
+             ) -> dict[str, str]:
+    """The program's environment: the task's (less its ``MLWE_*``), the workload's own, and
+    the ``MLWE_*`` variables that tell the program who it is."""
     node = env_in.get("SLURMD_NODENAME", "")
     env = {k: v for k, v in env_in.items() if not k.startswith("MLWE_")}
     python_dir = os.path.dirname(sys.executable)
@@ -103,6 +98,20 @@ def main(argv: list[str]) -> int:
     )
     if "OMP_NUM_THREADS" not in (meta.get("env") or {}):
         env["OMP_NUM_THREADS"] = str(max(1, int(meta.get("cpus_per_replica", 1))))
+    return env
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m mlwe.backends.slurm.task ATTEMPT_DIR", file=sys.stderr)
+        return 2
+    adir = Path(argv[0])
+    meta = json.loads((adir / "meta.json").read_text())
+    env_in = dict(os.environ)
+    index = replica_index(meta, env_in)
+    out = _Out(adir / f"r{index}.jsonl")
+    node = env_in.get("SLURMD_NODENAME", "")
+    env = task_env(meta, env_in, adir, index)
     term = threading.Event()
     term_at: list[float] = []
 
