@@ -1,9 +1,11 @@
 """The local backend: workload daemons running real processes, and the engine's side.
 
-- :class:`LocalBackend` (engine side, :mod:`.backend`): the core Backend protocol
-  over daemon connections;
-- the daemon (:mod:`.daemon`, ``mlwe daemon``): runs workloads as process trees,
-  evicts them gracefully, measures them with psutil and NVML;
+- :class:`LocalBackend` (engine side, :mod:`.backend`, with :mod:`.engine_state`,
+  :mod:`.link`, :mod:`.attempts`, :mod:`.messages` and :mod:`.registry`): the
+  core Backend protocol over daemon connections;
+- the daemon (:mod:`.daemon`, ``mlwe daemon``, with :mod:`.daemon_config`,
+  :mod:`.replica` and :mod:`.daemon_telemetry`): runs workloads as process
+  trees, evicts them gracefully, measures them with psutil and NVML;
 - :class:`LocalNodes <mlwe.backends.local.nodes.LocalNodes>` (:mod:`.nodes`): a
   LocalBackend with one daemon per node, so that a node can fail on its own
   (the pipelines' case studies).

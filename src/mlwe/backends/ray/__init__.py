@@ -3,7 +3,9 @@
 - :mod:`.cluster`: how mlwe nodes map to Ray nodes (custom resources) and a
   real multi-node Ray cluster on one machine for tests and demos;
 - :mod:`.runner`: what runs inside a Ray actor (one replica's process tree);
-- :mod:`.backend`: :class:`RayBackend`, the Backend protocol on Ray.
+- :mod:`.backend`: :class:`RayBackend`, the Backend protocol on Ray, built of
+  :mod:`.config`, :mod:`.state`, :mod:`.pool`, :mod:`.adoption`,
+  :mod:`.telemetry`, :mod:`.teardown`, :mod:`.nodes` and :mod:`.lifecycle`.
 
 Ray is imported lazily (only when a backend or cluster is built), so importing
 this package costs nothing for users of other backends.
