@@ -68,12 +68,15 @@ class _Sample:
 
     keep: int
     version: int = 0
+    #: bumped by every change a prediction reads (values and errors)
+    stamp: int = 0
     order: deque[float] = field(default_factory=deque)
     sorted: list[float] = field(default_factory=list)
     errors: list[float] = field(default_factory=list)  # sorted relative errors of past predictions
 
     def add(self, x: float) -> None:
         self.version += 1
+        self.stamp += 1
         self.order.append(x)
         bisect.insort(self.sorted, x)
         if len(self.order) > self.keep:
@@ -81,6 +84,7 @@ class _Sample:
             del self.sorted[bisect.bisect_left(self.sorted, old)]
 
     def note_error(self, e: float) -> None:
+        self.stamp += 1
         bisect.insort(self.errors, e)
         if len(self.errors) > self.keep:
             # keep the middle: drop alternately from each end (a running median's view)
@@ -133,7 +137,19 @@ class RuntimeEstimator:
         self.predicted = 0  # completed workloads that had a prediction at submission
         self.completed = 0
         self._at_submit: dict[str, float | None] = {}
-        self._cache: dict[str, tuple[int, float, Estimate | None, WorkloadSpec]] = {}
+        #: id -> (epoch, sample used or None, its stamp, attained, estimate, spec)
+        self._cache: dict[
+            str, tuple[int, _Sample | None, int, float, Estimate | None, WorkloadSpec]
+        ] = {}
+        #: bumped whenever a sample first reaches ``min_samples`` (which key a
+        #: prediction uses may then change); with the used sample's stamp it tells
+        #: exactly when a cached prediction still is what a new one would be
+        self._epoch = 0
+        #: id -> (epoch, sample used or None, its stamp, spec, fixed total; -1: read
+        #: the sample at the attained service; None: no estimate)
+        self._basis: dict[
+            str, tuple[int, _Sample | None, int, WorkloadSpec, float | None]
+        ] = {}
         self._keys_of: dict[str, tuple[WorkloadSpec, list[tuple[tuple[str, ...], str]]]] = {}
         self._gittins: dict[tuple[int, float], tuple[int, float]] = {}
         self._attached: object | None = None
@@ -186,17 +202,23 @@ class RuntimeEstimator:
             return
         run_s = max(run_s, 1e-3)
         self.learned += 1
-        self._cache.clear()
         keys = self._keys(spec)
-        for k, _ in keys:
-            self._sample(self._durations, k).add(run_s)
+        self._add(self._durations, keys, run_s)
         it = _iterations(spec)
         if it:
-            for k, _ in keys:
-                self._sample(self._per_iter, k).add(run_s / it)
+            self._add(self._per_iter, keys, run_s / it)
         if spec.estimated_duration:
-            for k, _ in keys:
-                self._sample(self._ratio, k).add(run_s / spec.estimated_duration)
+            self._add(self._ratio, keys, run_s / spec.estimated_duration)
+
+    def _add(
+        self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]],
+        x: float,
+    ) -> None:
+        for k, _ in keys:
+            s = self._sample(table, k)
+            s.add(x)
+            if len(s.order) == self.min_samples:
+                self._epoch += 1
 
     def _sample(self, table: dict[tuple[str, ...], _Sample], key: tuple[str, ...]) -> _Sample:
         s = table.get(key)
@@ -216,25 +238,74 @@ class RuntimeEstimator:
     # ---------------------------------------------------------------- prediction
     def estimate(self, w: Workload, attained_s: float = 0.0) -> Estimate | None:
         """Expected run time of ``w`` given ``attained_s`` seconds of work done; None
-        when neither history nor the user gives anything."""
+        when neither history nor the user gives anything.
+
+        A prediction is kept per workload and reused while it is exactly what a
+        new one would be: same spec and attained service, no sample newly usable
+        (the epoch), and the sample it read unchanged (its stamp)."""
         cached = self._cache.get(w.id)
         if (
             cached is not None
-            and cached[1] == attained_s
-            and cached[3] is w.spec
-            and self.fresh(cached[0])
+            and cached[0] == self._epoch
+            and cached[3] == attained_s
+            and cached[5] is w.spec
+            and (cached[1] is None or cached[1].stamp == cached[2])
         ):
-            return cached[2]
-        est = self._estimate(w.spec, attained_s, self.keys_for(w))
+            return cached[4]
+        est, used = self._predict(w.spec, attained_s, self.keys_for(w))
         if len(self._cache) > 100_000:
             self._cache.clear()
-        self._cache[w.id] = (self.learned, attained_s, est, w.spec)
+        self._cache[w.id] = (
+            self._epoch, used, used.stamp if used is not None else 0, attained_s, est, w.spec
+        )
         return est
+
+    def remaining_s(self, w: Workload, attained_s: float = 0.0) -> float | None:
+        """``estimate(w, attained_s).remaining_s`` (None: no estimate), without
+        building the estimate: what a scheduling cycle asks of every running
+        workload, whose attained service moves at every cycle. The basis (which
+        sample, or a fixed total) is kept per workload while it is exactly what
+        a new prediction would read (see :meth:`estimate`)."""
+        got = self._basis.get(w.id)
+        if (
+            got is None
+            or got[0] != self._epoch
+            or got[3] is not w.spec
+            or (got[1] is not None and got[1].stamp != got[2])
+        ):
+            est, used = self._predict(w.spec, attained_s, self.keys_for(w))
+            if est is None:
+                total: float | None = None
+            elif est.source == "history":
+                total = -1.0  # depends on attained service: read the sample
+            else:
+                total = est.total_s
+            if len(self._basis) > 100_000:
+                self._basis.clear()
+            got = self._basis[w.id] = (
+                self._epoch, used, used.stamp if used is not None else 0, w.spec, total
+            )
+        total = got[4]
+        if total is None:
+            return None
+        if total < 0:
+            sample = got[1]
+            assert sample is not None
+            xs = sample.sorted
+            i = bisect.bisect_right(xs, attained_s)
+            left = len(xs) - i
+            total = xs[i + left // 2] if left else 2.0 * attained_s
+        return max(0.0, total - attained_s)
 
     def _estimate(
         self, spec: WorkloadSpec, a: float, keys: list[tuple[tuple[str, ...], str]] | None = None
     ) -> Estimate | None:
-        keys = keys if keys is not None else self._keys(spec)
+        return self._predict(spec, a, keys if keys is not None else self._keys(spec))[0]
+
+    def _predict(
+        self, spec: WorkloadSpec, a: float, keys: list[tuple[tuple[str, ...], str]]
+    ) -> tuple[Estimate | None, _Sample | None]:
+        """The prediction, and the sample it read (None: it read none)."""
         it = _iterations(spec)
         if it:
             got = self._best(self._per_iter, keys)
@@ -242,7 +313,7 @@ class RuntimeEstimator:
                 s, words = got
                 total = it * s.median()
                 return Estimate(total, max(0.0, total - a), len(s.order), words, "iterations",
-                                _median(s.errors))
+                                _median(s.errors)), s
         user = spec.estimated_duration
         if user:
             got = self._best(self._ratio, keys)
@@ -250,18 +321,21 @@ class RuntimeEstimator:
                 s, words = got
                 total = user * s.median()
                 return Estimate(total, max(0.0, total - a), len(s.order), words,
-                                "user-calibrated", _median(s.errors))
-            return Estimate(user, max(0.0, user - a), 0, "", "user", None)
+                                "user-calibrated", _median(s.errors)), s
+            return Estimate(user, max(0.0, user - a), 0, "", "user", None), None
         got = self._best(self._durations, keys)
         if got is None:
-            return None
+            return None, None
         s, words = got
-        tail = s.sorted[bisect.bisect_right(s.sorted, a):]
-        # a job that has outlived every past run is expected to run as long again
-        # (a heavy tail's rule of thumb) rather than to end now
-        total = tail[len(tail) // 2] if tail else 2.0 * a
+        xs = s.sorted
+        i = bisect.bisect_right(xs, a)
+        left = len(xs) - i
+        # the median of what is left; a job that has outlived every past run is
+        # expected to run as long again (a heavy tail's rule of thumb) rather
+        # than to end now
+        total = xs[i + left // 2] if left else 2.0 * a
         return Estimate(total, max(0.0, total - a), len(s.order), words, "history",
-                        _median(s.errors))
+                        _median(s.errors)), s
 
     def gittins_index(self, w: Workload, attained_s: float) -> float | None:
         """Gittins index (1/s) of ``w`` at attained service ``attained_s`` over the

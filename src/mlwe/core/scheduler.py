@@ -193,9 +193,7 @@ class Scheduler:
     def _remaining(self, w: Workload, now: float) -> float | None:
         rem = w.remaining_estimate(now)
         if rem is None and self.estimator is not None:
-            est = self.estimator.estimate(w, attained(w, now))
-            if est is not None:
-                rem = est.remaining_s
+            rem = self.estimator.remaining_s(w, attained(w, now))
         return rem
 
     def plan(self, cp: ControlPlane, cause_id: str | None = None) -> Plan:
