@@ -68,32 +68,33 @@ def gain_candidates(
     search that cannot find anything is known without scanning nodes
     (:func:`could_gain`)."""
     out: list[Candidate] = []
-    seen: set[str] = set()
     workloads = cp.workloads
-    for ids in cp.on_node.values():
-        for wid in ids:
-            if wid in seen:
-                continue
-            seen.add(wid)
-            v = workloads[wid]
-            if (
-                v.priority != priority
-                or v.state not in EVICTABLE
-                or v.preemptions >= GAIN_MAX_PREEMPTIONS
-                or v.runtime(now) < GAIN_MIN_QUANTUM_S
-            ):
-                continue
-            iv = v.spec.checkpoint_interval
-            since = v.work_at_risk(now) if iv else 0.0
-            out.append(Candidate(
-                id=wid,
-                left=expected_left(remaining, v, now, cfg.gain_prior_s),
-                cost=cost_of(v, now),
-                loss=max(v.gpus(), 1e-3) * since if iv else 0.0,
-                wait=max(0.0, iv + v.spec.checkpoint_cost - since) if iv else 0.0,
-                evictable=preemptible(v, now) is None,
-                held=tuple((a.node, a.res.gpu) for a in v.placement),
-            ))
+    # each holder once, in the order of the nodes it holds on (a gang appears on several)
+    holders = dict.fromkeys(wid for ids in cp.on_node.values() for wid in ids)
+    for wid in holders:
+        v = workloads[wid]
+        p = v.priority_override
+        if (
+            (v.spec.priority if p is None else p) != priority
+            or v.state not in EVICTABLE
+            or v.preemptions >= GAIN_MAX_PREEMPTIONS
+            or v.started_at is None
+            or now - v.started_at < GAIN_MIN_QUANTUM_S
+        ):
+            continue
+        spec = v.spec
+        iv = spec.checkpoint_interval
+        risk = v.work_at_risk(now)
+        since = risk if iv else 0.0
+        out.append(Candidate(
+            id=wid,
+            left=expected_left(remaining, v, now, cfg.gain_prior_s),
+            cost=risk + spec.restart_cost + spec.checkpoint_cost,  # cost_of(v, now)
+            loss=max(v.gpus(), 1e-3) * since if iv else 0.0,
+            wait=max(0.0, iv + spec.checkpoint_cost - since) if iv else 0.0,
+            evictable=preemptible(v, now) is None,
+            held=tuple((a.node, a.res.gpu) for a in v.placement),
+        ))
     return out
 
 

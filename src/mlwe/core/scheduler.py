@@ -181,14 +181,12 @@ class Scheduler:
         Within a cycle (nothing changes while it plans) each answer is kept, so
         the phases that ask again about a workload do not estimate it again."""
         memo = self._left
-        if memo is not None and now == self._left_at:
-            got = memo.get(w.id, _UNKNOWN)
-            if got is not _UNKNOWN:
-                return got  # type: ignore[return-value]
-            rem = self._remaining(w, now)
-            memo[w.id] = rem
-            return rem
-        return self._remaining(w, now)
+        if memo is None or now != self._left_at:
+            return self._remaining(w, now)
+        if w.id in memo:
+            return memo[w.id]
+        rem = memo[w.id] = self._remaining(w, now)
+        return rem
 
     def _remaining(self, w: Workload, now: float) -> float | None:
         rem = w.remaining_estimate(now)
@@ -597,8 +595,6 @@ class Scheduler:
         return result
 
 
-
-_UNKNOWN = object()
 
 
 def default_scheduler(name: str = "mlwe-default") -> Scheduler:
