@@ -44,18 +44,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlwe.backends.local.engine_state import _Attempt, _Clock, _Node
+from mlwe.backends.common import WallClock
+from mlwe.backends.local.engine_state import _Attempt, _Node
 from mlwe.backends.local.link import _Daemon
 from mlwe.backends.local.protocol import parse_address
 from mlwe.backends.local.registry import _Registry
 from mlwe.core.backend import Command, Event, RunningAttempt, Telemetry, dispatch
+from mlwe.core.clock import Clock
 from mlwe.core.spec import ClusterSpec, NodeSpec
-
-
-class _EpochClock:
-    def now(self) -> float:
-        return time.time()
-
 
 
 class LocalBackend(_Registry):
@@ -76,7 +72,7 @@ class LocalBackend(_Registry):
         register_timeout_s: float | None = None,
         checkpoint_root: str | Path | None = None,
         work_dir: str | Path | None = None,
-        clock: _Clock | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if heartbeat_s <= 0 or missed_heartbeats < 1 or telemetry_s <= 0 or report_s <= 0:
             raise ValueError("heartbeat_s, telemetry_s and report_s must be positive;"
@@ -92,7 +88,7 @@ class LocalBackend(_Registry):
         )
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
         self._work_dir = Path(work_dir) if work_dir is not None else None
-        self.clock: _Clock = clock or _EpochClock()
+        self.clock: Clock = clock or WallClock()
         self._iid = uuid.uuid4().hex[:8]
         self._n = itertools.count(1)
         self._lock = threading.RLock()

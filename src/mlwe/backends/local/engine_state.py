@@ -4,30 +4,26 @@
   (:class:`_Attempt`, :class:`_Replica`, :class:`_Node`);
 - :class:`_LocalState`, the base of :class:`~mlwe.backends.local.backend.LocalBackend`:
   the state every part of the backend reads (declared here, set in
-  ``LocalBackend.__init__``), and how it emits events and records errors.
+  ``LocalBackend.__init__``); it emits events and records errors as
+  :class:`~mlwe.backends.common.ThreadedEvents`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from mlwe.backends.common import ThreadedEvents
 from mlwe.backends.local.link import _Daemon
-from mlwe.core.backend import Event, Fact, Telemetry
+from mlwe.core.backend import Telemetry
 from mlwe.core.spec import ClusterSpec, NodeSpec
 
 log = logging.getLogger("mlwe.local")
-
-
-class _Clock(Protocol):
-    def now(self) -> float: ...
 
 
 @dataclass
@@ -75,14 +71,18 @@ class _Node:
     queued: list[tuple[tuple[str, int], int]] = field(default_factory=list)
 
 
-class _LocalState:
+class _LocalState(ThreadedEvents):
     """What every part of the LocalBackend shares: its state, events and errors.
 
     The attributes are set in ``LocalBackend.__init__``; the backend's parts are
     stacked on this base, one module each: commands and attempt facts
     (:mod:`.attempts`), the daemons' messages (:mod:`.messages`), their
     connections and registration (:mod:`.registry`), and the protocol itself
-    (:mod:`.backend`)."""
+    (:mod:`.backend`). The clock, the events and the errors are declared (and
+    ``_emit`` and ``_error`` defined) on :class:`~mlwe.backends.common.ThreadedEvents`."""
+
+    _event_prefix = "local"
+    _log = log
 
     cluster: ClusterSpec | None
     token: str | None
@@ -92,32 +92,13 @@ class _LocalState:
     report_s: float
     register_timeout_s: float
     checkpoint_root: Path | None
-    clock: _Clock
-    _iid: str
-    _n: itertools.count[int]
     _lock: threading.RLock
-    _wake: threading.Event
-    event_listeners: list[Callable[[], None]]
-    _events: list[Event]
     _telemetry: deque[Telemetry]
     _attempts: dict[tuple[str, int], _Attempt]
     _daemons: dict[str, _Daemon]
     _nodes: dict[str, _Node]
-    errors: deque[str]
     _closed: bool
     _closing: bool
     _t0: float
     _server: socket.socket
     _threads: list[threading.Thread]
-
-    def _emit(self, fact: Fact, correlation_id: str | None = None) -> None:
-        self._events.append(
-            Event(f"local-{self._iid}-{next(self._n)}", self.clock.now(), fact, correlation_id)
-        )
-        self._wake.set()
-        for listener in self.event_listeners:
-            listener()
-
-    def _error(self, text: str) -> None:
-        log.warning("%s", text)
-        self.errors.append(text)

@@ -75,6 +75,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlwe.backends.common import WallClock
 from mlwe.backends.ray.cluster import LocalRayCluster, check_reachable
 from mlwe.backends.ray.config import RayBackendConfig
 from mlwe.backends.ray.lifecycle import _Lifecycle
@@ -84,11 +85,6 @@ from mlwe.backends.ray.teardown import _reap_groups
 from mlwe.core.backend import Command, Event, RunningAttempt, Telemetry, dispatch
 from mlwe.core.clock import Clock
 from mlwe.core.spec import ClusterSpec, NodeSpec
-
-
-class _WallClock:
-    def now(self) -> float:
-        return time.time()
 
 
 class RayBackend(_Lifecycle):
@@ -104,7 +100,7 @@ class RayBackend(_Lifecycle):
         clock: Clock | None = None,
     ) -> None:
         self.config = config or RayBackendConfig()
-        self.clock: Clock = clock or _WallClock()
+        self.clock: Clock = clock or WallClock()
         specs = cluster.all_nodes() if isinstance(cluster, ClusterSpec) else list(cluster)
         self.node_specs: dict[str, NodeSpec] = {n.name: n for n in specs}
         ray = _ray()

@@ -63,6 +63,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlwe.backends.common import WallClock
 from mlwe.backends.slurm.commands import SlurmCommands, SlurmError, SlurmJobInfo
 from mlwe.backends.slurm.config import SlurmBackendConfig
 from mlwe.backends.slurm.discovery import discover_cluster, gpu_model_of
@@ -75,7 +76,7 @@ from mlwe.backends.slurm.jobs import (
     write_job_script,
 )
 from mlwe.backends.slurm.nodes import _NodeWatch
-from mlwe.backends.slurm.state import EXIT_START_FAILED, _Attempt, _Clock, _Replica, log
+from mlwe.backends.slurm.state import EXIT_START_FAILED, _Attempt, _Replica, log
 from mlwe.core.actions import Exited, Released
 from mlwe.core.backend import (
     Command,
@@ -86,6 +87,7 @@ from mlwe.core.backend import (
     Telemetry,
     dispatch,
 )
+from mlwe.core.clock import Clock
 from mlwe.core.spec import ClusterSpec
 
 __all__ = [  # what other modules import from here
@@ -94,21 +96,16 @@ __all__ = [  # what other modules import from here
 ]
 
 
-class _EpochClock:
-    def now(self) -> float:
-        return time.time()
-
-
 class SlurmBackend(_NodeWatch):
     """The Backend protocol over Slurm (see the module docstring)."""
 
     name = "slurm"
 
     def __init__(self, cluster: ClusterSpec, config: SlurmBackendConfig | None = None, *,
-                 clock: _Clock | None = None, commands: SlurmCommands | None = None) -> None:
+                 clock: Clock | None = None, commands: SlurmCommands | None = None) -> None:
         self.cluster = cluster
         self.config = cfg = config or SlurmBackendConfig()
-        self.clock: _Clock = clock or _EpochClock()
+        self.clock: Clock = clock or WallClock()
         self.slurm = commands or SlurmCommands(slurm_conf=cfg.slurm_conf, bin_dir=cfg.bin_dir,
                                                timeout_s=cfg.command_timeout_s)
         self.run_dir = Path(cfg.run_dir or tempfile.mkdtemp(prefix="mlwe-slurm-")).resolve()

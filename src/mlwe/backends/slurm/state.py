@@ -3,33 +3,29 @@
 - the records of an attempt and its replicas (:class:`_Attempt`, :class:`_Replica`);
 - :class:`_SlurmState`, the base of :class:`~mlwe.backends.slurm.backend.SlurmBackend`:
   the state every part of the backend reads (declared here, set in
-  ``SlurmBackend.__init__``), and how it emits events and records errors.
+  ``SlurmBackend.__init__``); it emits events and records errors as
+  :class:`~mlwe.backends.common.ThreadedEvents`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from mlwe.backends.common import ThreadedEvents
 from mlwe.backends.slurm.commands import SlurmCommands, SlurmJobInfo
 from mlwe.backends.slurm.config import SlurmBackendConfig
-from mlwe.core.backend import Event, Fact, Telemetry
+from mlwe.core.backend import Telemetry
 from mlwe.core.spec import ClusterSpec, NodeSpec
 
 log = logging.getLogger("mlwe.slurm")
 
 EXIT_START_FAILED = 125
-
-
-class _Clock(Protocol):
-    def now(self) -> float: ...
 
 
 @dataclass
@@ -81,42 +77,27 @@ class _Attempt:
 
 
 
-class _SlurmState:
+class _SlurmState(ThreadedEvents):
     """What every part of the Slurm backend shares: its state, events and errors.
 
     The attributes are set in ``SlurmBackend.__init__``; the backend's parts are
     stacked on this base, one module each: the replicas' record files
     (:mod:`.reports`), Slurm's nodes (:mod:`.nodes`), and jobs and the protocol
-    (:mod:`.backend`)."""
+    (:mod:`.backend`). The clock, the events and the errors are declared (and
+    ``_emit`` and ``_error`` defined) on :class:`~mlwe.backends.common.ThreadedEvents`."""
+
+    _event_prefix = "slurm"
+    _log = log
 
     cluster: ClusterSpec
     config: SlurmBackendConfig
-    clock: _Clock
     slurm: SlurmCommands
-    _iid: str
-    _n: itertools.count[int]
     _lock: threading.RLock
-    _wake: threading.Event
-    event_listeners: list[Callable[[], None]]
-    _events: list[Event]
     _telemetry: deque[Telemetry]
     _attempts: dict[tuple[str, int], _Attempt]
     _work: queue.SimpleQueue[tuple[str, Any]]
-    errors: deque[str]
     _specs: dict[str, NodeSpec]
     _down: dict[str, bool]
     _gres: dict[str, str]
     _not_responding: dict[str, float]
     _next_squeue: float
-
-    def _emit(self, fact: Fact, correlation_id: str | None = None) -> None:
-        self._events.append(
-            Event(f"slurm-{self._iid}-{next(self._n)}", self.clock.now(), fact, correlation_id)
-        )
-        self._wake.set()
-        for listener in self.event_listeners:
-            listener()
-
-    def _error(self, text: str) -> None:
-        log.warning("%s", text)
-        self.errors.append(text)
