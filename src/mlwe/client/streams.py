@@ -1,15 +1,18 @@
 """Server-Sent Events on the client side: :class:`StreamEvent`, the SSE parser, the
-request a stream opens with, and the backoff between reconnects."""
+request a stream opens with, and what to do when it is lost (:func:`_retry_or_raise`:
+give up, or wait with backoff and open it again), for the sync and async clients."""
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from mlwe.client.errors import ServerUnreachable
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,40 @@ class _SseParser:
         return None
 
 
-def _backoff(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
-    """Exponential backoff with jitter: 0.5, 1, 2, ... up to ``cap`` seconds."""
-    return float(min(cap, base * 2 ** (attempt - 1)) * (0.75 + random.random() / 2))
+def _backoff(attempt: int, base: float = 0.5, cap: float = 30.0,
+             rand: Callable[[], float] = random.random) -> float:
+    """Exponential backoff with jitter: 0.5, 1, 2, ... up to ``cap`` seconds, each times
+    0.75 to 1.25 (``rand()``, in [0, 1), picks where)."""
+    return float(min(cap, base * 2 ** (attempt - 1)) * (0.75 + rand() / 2))
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """How a lost stream is opened again: ``failures`` in a row now, ``wait`` seconds
+    first, and the ``reconnecting`` notice to yield before waiting (None without notices)."""
+
+    failures: int
+    wait: float
+    notice: StreamEvent | None
+
+
+def _retry_or_raise(url: str, reason: str, failures: int, *, reconnect: bool,
+                    max_retries: int | None, notices: bool,
+                    rand: Callable[[], float] = random.random) -> _Retry:
+    """The stream from ``url`` was lost (``reason``) after ``failures`` failed attempts in a
+    row: raise :class:`ServerUnreachable` without ``reconnect`` or once more than
+    ``max_retries`` failed in a row, else how to retry. No I/O: both clients' ``stream``
+    do the waiting and the yielding."""
+    if not reconnect:
+        raise ServerUnreachable(url, reason)
+    failures += 1
+    if max_retries is not None and failures > max_retries:
+        raise ServerUnreachable(url, f"{reason} (gave up after {max_retries} retries)")
+    wait = _backoff(failures, rand=rand)
+    notice = (StreamEvent("reconnecting", None, {"message": f"{reason}; again in {wait:.1f} s",
+                                                 "attempt": failures})
+              if notices else None)
+    return _Retry(failures, wait, notice)
 
 
 _TRANSPORT_ERRORS = (httpx.TransportError,)

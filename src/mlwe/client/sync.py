@@ -26,7 +26,13 @@ from mlwe.client.answers import (
     WorkloadSummary,
 )
 from mlwe.client.errors import ServerUnreachable, WaitTimeout, _check
-from mlwe.client.streams import _TRANSPORT_ERRORS, StreamEvent, _backoff, _stream_request, parse_sse
+from mlwe.client.streams import (
+    _TRANSPORT_ERRORS,
+    StreamEvent,
+    _retry_or_raise,
+    _stream_request,
+    parse_sse,
+)
 from mlwe.clientconfig import resolve
 
 
@@ -292,13 +298,9 @@ class Client:
                 reason = "the server closed the stream"
             except _TRANSPORT_ERRORS as exc:
                 reason = str(exc) or type(exc).__name__
-            if not reconnect:
-                raise ServerUnreachable(self.url, reason)
-            failures += 1
-            if max_retries is not None and failures > max_retries:
-                raise ServerUnreachable(self.url, f"{reason} (gave up after {max_retries} retries)")
-            wait = _backoff(failures)
-            if notices:
-                yield StreamEvent("reconnecting", None, {"message": f"{reason}; again in {wait:.1f} s",
-                                                         "attempt": failures})
-            time.sleep(wait)
+            retry = _retry_or_raise(self.url, reason, failures, reconnect=reconnect,
+                                    max_retries=max_retries, notices=notices)
+            failures = retry.failures
+            if retry.notice is not None:
+                yield retry.notice
+            time.sleep(retry.wait)
