@@ -19,6 +19,8 @@ from mlwe.api.cli.common import (
 )
 from mlwe.output import Column, Format, age, fields, render
 
+ApprovalId = Annotated[str, typer.Argument(help="id from `mlwe agent pending`")]
+
 
 def agent_status_cmd(
     url: Url = None, token: Token = None, context: CtxName = None,
@@ -74,7 +76,7 @@ def agent_pending_cmd(
 
 
 def agent_approve_cmd(
-    approval_id: Annotated[str, typer.Argument(help="id from `mlwe agent pending`")],
+    approval_id: ApprovalId,
     comment: Annotated[str, typer.Option("--comment", "-m", help="recorded in the audit log")] = "",
     url: Url = None,
     token: Token = None,
@@ -92,7 +94,7 @@ def agent_approve_cmd(
 
 
 def agent_reject_cmd(
-    approval_id: Annotated[str, typer.Argument(help="id from `mlwe agent pending`")],
+    approval_id: ApprovalId,
     comment: Annotated[str, typer.Option("--comment", "-m", help="why (recorded in the audit log)")] = "",
     url: Url = None,
     token: Token = None,

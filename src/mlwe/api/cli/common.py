@@ -2,7 +2,8 @@
 
 ``--url`` / ``--token`` (else ``$MLWE_URL`` / ``$MLWE_TOKEN``, else a client context),
 ``-o`` formats, ``--watch`` (a list polled for changed rows), and the error handling that
-turns a client error into exit status 1.
+turns a client error into exit status 1 (:func:`_call`) and a bad client configuration
+into exit status 2 (:func:`_config`).
 Only Typer, the standard library and :mod:`mlwe.output` load here.
 """
 
@@ -13,11 +14,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from mlwe.output import Column, Format, cell, render
+
+_T = TypeVar("_T")
 
 Url = Annotated[
     str | None,
@@ -52,19 +55,26 @@ def _fmt(output: Format, as_json: bool) -> Format:
 
 def _client(url: str | None, token: str | None, context: str | None = None) -> Any:
     from mlwe.client import Client
-    from mlwe.clientconfig import ConfigError, resolve
+    from mlwe.clientconfig import resolve
 
-    try:
-        u, t = resolve(url, token, context)
-    except ConfigError as exc:
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    u, t = _config(lambda: resolve(url, token, context))
     return Client(u, t)
 
 
-def _fail(exc: Exception) -> typer.Exit:
+def _config(fn: Callable[[], _T]) -> _T:
+    """``fn()`` (which reads the client configuration); exit 2 when that is bad."""
+    from mlwe.clientconfig import ConfigError
+
+    try:
+        return fn()
+    except ConfigError as exc:
+        raise _fail(exc, 2) from None
+
+
+def _fail(exc: Exception, code: int = 1) -> typer.Exit:
+    """Say ``exc`` on stderr; the exit (status ``code``) to raise."""
     _echo(f"error: {exc}", err=True)
-    return typer.Exit(1)
+    return typer.Exit(code)
 
 
 def _call(fn: Callable[[], Any]) -> Any:

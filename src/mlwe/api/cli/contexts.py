@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from mlwe.api.cli.common import (
     Output,
+    _config,
     _echo,
 )
 from mlwe.output import Column, Format, render
@@ -72,13 +72,3 @@ def config_current_context() -> None:
         _echo("no current context", err=True)
         raise typer.Exit(1)
     _echo(str(current))
-
-
-def _config(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    from mlwe.clientconfig import ConfigError
-
-    try:
-        return fn()
-    except ConfigError as exc:
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None

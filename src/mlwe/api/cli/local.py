@@ -10,6 +10,7 @@ import typer
 
 from mlwe.api.cli.common import (
     _echo,
+    _fail,
 )
 
 
@@ -32,13 +33,11 @@ def _local_engine(data_dir: Path | None, database_url: str | None) -> Any:
     try:
         engine = make_engine(resolve(data_dir=data_dir, url=database_url))
     except (MissingExtra, ValueError) as exc:  # e.g. a postgres URL without psycopg
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None
     try:
         check_schema(engine)
     except SchemaError as exc:
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None
     return engine
 
 

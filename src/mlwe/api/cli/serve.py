@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mlwe.api.cli.common import _echo
+from mlwe.api.cli.common import _echo, _fail
 
 if TYPE_CHECKING:
     import socket
@@ -67,14 +67,12 @@ def serve_cmd(
     try:
         sock = bind(cfg.host, cfg.port)
     except ServeError as exc:
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None
     try:
         configure_logging(log_format, cfg.log_level)
     except LogConfigError as exc:
         sock.close()
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None
     _run(cfg, sock, ApiSettings(cors_origins=cfg.cors_origins, public_metrics=public_metrics))
 
 
@@ -85,8 +83,7 @@ def _load_settings(**options: Any) -> ServeSettings:
     try:
         return ServeSettings.load(**options)
     except SettingsError as exc:
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None
 
 
 def _run(cfg: ServeSettings, sock: socket.socket, settings: ApiSettings) -> None:
@@ -122,5 +119,4 @@ def _run(cfg: ServeSettings, sock: socket.socket, settings: ApiSettings) -> None
         )
     except (ServeError, SchemaError, ValueError, MissingExtra) as exc:
         sock.close()
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None

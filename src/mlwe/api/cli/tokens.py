@@ -19,6 +19,7 @@ from mlwe.api.cli.common import (
     _call,
     _client,
     _echo,
+    _fail,
     _fmt,
 )
 from mlwe.api.cli.local import _is_local, _local_engine
@@ -84,14 +85,12 @@ def token_create(
             queues=queue or None, max_priority=max_priority, allow_protected=allow_protected
         )
     except ValueError as exc:
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None
     engine = _local_engine(data_dir, database_url)
     try:
         secret, info = TokenStore(engine).create(name or f"{parsed.label}-{int(time.time())}", parsed, policy)
     except ValueError as exc:
-        _echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(exc, 2) from None
     AuditLog(engine).append(
         "config", "cli",
         {"action": "token-create", "token_id": info.id, "name": info.name, "role": parsed.label,

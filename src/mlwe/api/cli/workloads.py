@@ -27,6 +27,7 @@ from mlwe.api.cli.common import (
 from mlwe.output import Column, Format, age, duration, fields, render, rfc3339
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+WorkloadId = Annotated[str, typer.Argument(help="workload id")]
 
 
 def _spec_sources(files: list[Path]) -> Iterator[tuple[str, str | None, bool]]:
@@ -192,7 +193,7 @@ def status_cmd(
 
 
 def explain_cmd(
-    workload: Annotated[str, typer.Argument(help="workload id")],
+    workload: WorkloadId,
     url: Url = None,
     token: Token = None,
     context: CtxName = None,
@@ -215,7 +216,7 @@ def explain_cmd(
 
 
 def cancel_cmd(
-    workload: Annotated[str, typer.Argument(help="workload id")],
+    workload: WorkloadId,
     url: Url = None,
     token: Token = None,
     context: CtxName = None,
