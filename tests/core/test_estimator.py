@@ -142,3 +142,35 @@ def test_deadline_admission_uses_learned_estimates() -> None:
     assert "needs 1m40s" in tight.reason
     roomy = sched.admission(cp, cp.workloads["roomy-2"])
     assert roomy.status is DeadlineStatus.FEASIBLE, roomy.reason
+
+
+def test_kept_predictions_are_exactly_what_a_new_one_would_be() -> None:
+    """The estimator keeps a prediction per workload across learning (no global
+    clear): every answer, cached or not, must equal a prediction made from
+    scratch at that moment, through keys becoming usable, samples changing,
+    errors being noted and attained service moving."""
+    import random
+
+    rng = random.Random(7)
+    est = RuntimeEstimator(min_samples=3, keep=8)
+    queues, stems, gpus = ("nlp", "cv"), ("train-bert-1", "eval-2", "tune-3"), (1, 8)
+    specs = [
+        spec(name=n, queue=q, gpus=g, **extra)  # type: ignore[arg-type]
+        for q in queues for n in stems for g in gpus
+        for extra in ({}, {"estimated_duration": 900.0}, {"labels": {"num_iteration": "50"}})
+    ]
+    workloads = [wl(s, f"w{i}") for i, s in enumerate(specs)]
+    asked = 0
+    for step in range(400):
+        s = rng.choice(specs)
+        if rng.random() < 0.4:
+            w = Workload(id=f"done{step}", spec=s, seq=step, submit_time=0.0, deadline=None)
+            est.note_submitted(w)
+            est.note_completed(w, rng.choice((60.0, 300.0, 1200.0, 5000.0)) * rng.uniform(0.5, 2))
+        for w in rng.sample(workloads, 6):
+            a = rng.choice((0.0, 0.0, 100.0, 700.0, 3000.0, 20000.0))
+            fresh, _ = est._predict(w.spec, a, est._keys(w.spec))
+            assert est.estimate(w, a) == fresh
+            assert est.remaining_s(w, a) == (None if fresh is None else fresh.remaining_s)
+            asked += 1
+    assert asked == 2400 and est.learned > 100

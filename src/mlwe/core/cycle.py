@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from mlwe.core.actions import Action
@@ -139,6 +140,7 @@ def dominated(
     )
 
 
+@lru_cache(maxsize=4096)  # a cycle writes the same few shapes for every waiting workload
 def shape_text(shape: Shape, replicas: int, model: str | None) -> str:
     parts = []
     if shape.gpu:
