@@ -12,14 +12,16 @@ Requests (submit, cancel, cordon, proposals from the agent) go through the
 same control plane under the engine lock, and are **acknowledged only once
 durable**: ``submit`` returns after the flush that covers it. Concurrent
 requests share flushes (group commit), so many small submissions cost few
-disk syncs.
+disk syncs. The doors for each kind of request (``submit``, ``cancel``,
+``drain``, ``propose``, ``ingest``...) are :class:`~mlwe.runtime.doors.RequestDoors`,
+which the engine inherits; all of them go through :meth:`Engine.request`.
 
-On start the engine rebuilds the control plane from the store and reconciles
-it with what the backend says is running (:meth:`Engine.reconcile_backend`):
-attempts it still runs are adopted, attempts it no longer has are requeued
-("vanished", not the workload's fault), attempts it runs that the engine does
-not know are stopped (orphans), and starts that were owed are sent again
-(idempotent by request id).
+On start (:meth:`Engine.open`, step by step in :mod:`mlwe.runtime.opening`) the
+engine rebuilds the control plane from the store and reconciles it with what the
+backend says is running (:meth:`Engine.reconcile_backend`): attempts it still
+runs are adopted, attempts it no longer has are requeued ("vanished", not the
+workload's fault), attempts it runs that the engine does not know are stopped
+(orphans), and starts that were owed are sent again (idempotent by request id).
 
 Every operator action, agent proposal (accepted or rejected, with reasons) and
 configuration change is an audit record written in the same transaction as its
@@ -40,53 +42,42 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlwe.core.actions import (
-    Action,
-    Submit,
-)
+from mlwe.core.actions import Submit
 from mlwe.core.backend import Backend, Command
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
-from mlwe.core.cluster import build_control_plane
 from mlwe.core.controlplane import ApplyResult, ControlPlane, InvariantViolation, Rejection
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.reads import ClusterReads
 from mlwe.core.reconcile import Reconciler, correlation_of
 from mlwe.core.scheduler import Scheduler, default_scheduler
-from mlwe.core.spec import ClusterSpec, NodeSpec, NodeStatus, QueueSpec, WorkloadSpec
-from mlwe.runtime.clock import WallClock
+from mlwe.core.spec import ClusterSpec, WorkloadSpec
 from mlwe.runtime.commit import GroupCommit
-from mlwe.runtime.requests import (
-    Request,
-    StoreRefused,
-    audit_payload,
-    cancel_request,
-    event_request,
-    inadmissible,
-    node_request,
-    node_status_request,
-    note_request,
-    priority_request,
-    proposal_request,
-    queue_request,
-    requeue_request,
-    screen,
-    submit_request,
-)
+from mlwe.runtime.doors import RequestDoors, RequestRejected
+from mlwe.runtime.opening import BackendFactory, open_engine
+from mlwe.runtime.requests import Request, StoreRefused, audit_payload, inadmissible, screen
 from mlwe.runtime.restart import RestartReport, repair
 from mlwe.runtime.streams import StreamHub, audit_event, command_event, transition_event
 from mlwe.runtime.telemetry import TelemetryPolicy, TelemetrySink
 from mlwe.store import db
 from mlwe.store.audit import AuditLog
-from mlwe.store.recovery import Quarantined, StoreWriter, recover
+from mlwe.store.recovery import Quarantined, StoreWriter
+from mlwe.store.repository import Repository
 
 if TYPE_CHECKING:  # the workflows are wired in by mlwe.runtime.wiring, an outer module
     from mlwe.agent.workflows import WorkflowRunner
-from mlwe.store.repository import Repository
+
+__all__ = [
+    "BackendFactory",
+    "Engine",
+    "EngineConfig",
+    "RequestRejected",
+    "StoreRefused",
+    "TickReport",
+    "new_correlation_id",
+]
 
 log = logging.getLogger("mlwe.engine")
-
-BackendFactory = Callable[[Clock], Backend]
 
 
 @dataclass
@@ -117,19 +108,11 @@ class TickReport:
     errors: list[str] = field(default_factory=list)
 
 
-class RequestRejected(ValueError):
-    """The control plane refused a request; ``reasons`` says why, one line each."""
-
-    def __init__(self, reasons: Sequence[str]) -> None:
-        self.reasons = list(reasons)
-        super().__init__("; ".join(self.reasons) or "rejected")
-
-
 def new_correlation_id() -> str:
     return f"req-{uuid.uuid4().hex[:16]}"
 
 
-class Engine:
+class Engine(RequestDoors):
     """A control plane driving a backend, durable and audited (see the module docstring)."""
 
     def __init__(
@@ -217,52 +200,11 @@ class Engine:
         older or unknown revision is refused with the migration to run
         (:class:`mlwe.store.db.SchemaError`). Without stored nodes, ``cluster``
         seeds the state. ``backend`` is a Backend or a factory taking the clock.
+        How, step by step: :mod:`mlwe.runtime.opening`.
         """
-        clock = clock or WallClock()
-        url = db.database_url(data_dir, database_url)
-        repo, cp, recovered, quarantined = _open_state(url, cluster, clock, catalog,
-                                                       create_schema=create_schema)
-        synced = recovered  # a recovered state is the store's; a seeded one is written first
-        if backend is None:
-            from mlwe.sim.live import LiveSimBackend
-
-            be: Backend = LiveSimBackend(clock)
-        elif callable(backend) and not hasattr(backend, "send"):
-            be = backend(clock)
-        else:
-            be = backend  # type: ignore[assignment]
-        eng = cls(cp, be, repo, clock=clock, config=config, scheduler=scheduler, synced=synced)
-        eng.quarantined = list(quarantined)
-        if quarantined:
-            log.error(
-                "%d stored record(s) could not be loaded and were quarantined (the rest of the"
-                " cluster came back); list them with `mlwe quarantine list`: %s",
-                len(quarantined), "; ".join(str(q) for q in quarantined[:5]),
-            )
-        with eng.lock:
-            if quarantined:
-                eng.writer.note_audit("config", "engine", {
-                    "event": "quarantine",
-                    "records": [{"id": q.id, "table": q.table, "key": q.key,
-                                 "problem": q.problem} for q in quarantined],
-                })
-            eng.writer.note_audit(
-                "config",
-                "engine",
-                {
-                    "event": "engine-start",
-                    "recovered": recovered,
-                    "backend": getattr(be, "name", type(be).__name__),
-                    "database": db.backend_name(url),
-                    "nodes": sum(1 for _ in cp.capacity.nodes()),
-                    "workloads": len(cp.workloads),
-                    "version": cp.version,
-                },
-            )
-            if recovered:
-                eng.reconcile_backend()
-            eng._flush_locked()
-        return eng
+        return open_engine(cls, cluster, backend, data_dir=data_dir, database_url=database_url,
+                           clock=clock, catalog=catalog, config=config, scheduler=scheduler,
+                           create_schema=create_schema)
 
     # ================================================================= helpers
     def _decision_correlation(self, d: DecisionRecord) -> str | None:
@@ -442,141 +384,6 @@ class Engine:
                 if why:
                     out.append(Rejection(i, "submit", a.spec.id or a.spec.name, tuple(why)))
         return out
-
-    def submit(
-        self,
-        specs: Sequence[WorkloadSpec],
-        *,
-        actor: str = "api",
-        correlation_id: str | None = None,
-    ) -> ApplyResult:
-        """Submit workloads; returns once they are durable (or the rejection, nothing stored)."""
-        return self.request(submit_request(specs, actor, correlation_id))
-
-    def submit_many(
-        self, requests: Sequence[tuple[Sequence[WorkloadSpec], str, str | None]]
-    ) -> list[ApplyResult]:
-        """Independent submissions ``(specs, actor, correlation id)``, durable together."""
-        return self.requests([submit_request(s, a, c) for s, a, c in requests])
-
-    def cancel(
-        self, workload_id: str, *, actor: str = "api", correlation_id: str | None = None
-    ) -> ApplyResult:
-        return self.request(cancel_request(self.cp, workload_id, actor, correlation_id))
-
-    def set_priority(
-        self, workload_id: str, priority: int, *, actor: str = "api", reason: str = ""
-    ) -> ApplyResult:
-        return self.request(priority_request(self.cp, workload_id, priority, actor, reason))
-
-    def set_node_status(
-        self, node: str, status: NodeStatus, reason: str = "", *, actor: str = "api"
-    ) -> ApplyResult:
-        """Cordon (take nothing new), uncordon, or mark down (its workloads are requeued)."""
-        return self.request(node_status_request(self.cp, node, status, reason, actor))
-
-    def drain(self, node: str, *, actor: str = "api", reason: str = "drain") -> ApplyResult:
-        """Cordon a node and stop what runs there (each workload goes back to the queue)."""
-        with self.lock:
-            holders = [h.id for h in self.cp.holders(node)]
-        result = self.set_node_status(node, NodeStatus.CORDONED, reason, actor=actor)
-        if not result.accepted:
-            return result
-        for wid in holders:
-            self.requeue(wid, actor=actor, reason=f"node {node} drained")
-        return result
-
-    def requeue(self, workload_id: str, *, actor: str = "api", reason: str = "") -> ApplyResult:
-        """Checkpoint-and-stop a running workload and put it back in the queue."""
-        return self.request(requeue_request(workload_id, actor, reason))
-
-    def set_queue(self, spec: QueueSpec, *, actor: str = "admin") -> ApplyResult:
-        return self.request(queue_request(spec, actor))
-
-    def add_node(self, spec: NodeSpec, *, actor: str = "admin") -> ApplyResult:
-        return self.request(node_request(spec, actor))
-
-    def propose(
-        self,
-        actions: Sequence[Action],
-        *,
-        actor: str,
-        expected_version: int | None = None,
-        correlation_id: str | None = None,
-        rationale: str | None = None,
-    ) -> ApplyResult:
-        """An agent's (or any automation's) proposal: verified, applied or rejected, audited."""
-        return self.request(proposal_request(actions, actor, expected_version=expected_version,
-                                             correlation_id=correlation_id, rationale=rationale))
-
-    def ingest(
-        self,
-        event_id: str,
-        actions: Sequence[Action],
-        *,
-        actor: str,
-        correlation_id: str | None = None,
-        what: dict[str, Any] | None = None,
-    ) -> bool:
-        """Apply a bus event's actions exactly once; False if it was already processed.
-
-        The event id goes into ``processed_events`` in the same transaction as
-        the state it changed and its audit record. A rejected request raises
-        :class:`RequestRejected` (nothing applied, nothing stored); so does one
-        the store cannot take (:class:`StoreRefused`: rolled back, so a
-        redelivery applies it afresh).
-        """
-        req = event_request(event_id, actions, actor, correlation_id, what)
-        with self._flush_mutex:
-            with self.lock:
-                if self.repo.is_processed(event_id) or self.cp.seen_event(event_id):
-                    return False
-            now = self.clock.now()
-            def mark(c: Any) -> None:
-                self.repo.mark_processed(c, event_id, now)
-
-            results = self._durably([req], extra=mark)
-        result = results[0]
-        if result.duplicate:
-            return False
-        if not result.accepted:
-            raise RequestRejected(result.reasons())
-        self.wake()
-        return True
-
-    def note_audit(
-        self,
-        kind: str,
-        actor: str,
-        payload: dict[str, Any],
-        *,
-        workload: str | None = None,
-        correlation_id: str | None = None,
-    ) -> None:
-        """Record an action taken outside the control plane (e.g. a model promotion).
-
-        Durable when this returns; a payload with a number that is not finite is
-        refused (:class:`RequestRejected`)."""
-        result = self.request(note_request(kind, actor, payload, workload=workload,
-                                           correlation_id=correlation_id))
-        if not result.accepted:
-            raise RequestRejected(result.reasons())
-
-    def record_reasoning(
-        self, record: dict[str, Any], *, correlation_id: str | None = None, actor: str = "agent"
-    ) -> None:
-        """Store an agent reasoning trace, chain it in the audit log, and stream it."""
-        with self.lock:
-            now = self.clock.now()
-            self.repo.append_reasoning(record, time=now, correlation_id=correlation_id)
-            self.writer.note_audit(
-                "reasoning", actor, record, workload=record.get("workload"),
-                correlation_id=correlation_id,
-            )
-        self._commit()
-        self.streams.publish(
-            "reasoning", record, correlation_id=correlation_id, workload=record.get("workload")
-        )
 
     # ==================================================================== loop
     def tick(self) -> TickReport:
@@ -774,27 +581,3 @@ class Engine:
             "loop_running": self._thread is not None and self._thread.is_alive(),
         }
 
-
-def _open_state(
-    url: str, cluster: ClusterSpec | None, clock: Clock, catalog: GpuCatalog, *,
-    create_schema: bool,
-) -> tuple[Repository, ControlPlane, bool, list[Quarantined]]:
-    """The store at ``url`` and the control plane it holds (recovered: True), or one
-    seeded from ``cluster`` when it holds no nodes; what recovery had to quarantine."""
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = db.make_engine(url)
-    try:
-        if create_schema and db.is_empty(engine):
-            db.migrate(engine)
-        db.check_schema(engine)
-        repo = Repository(engine, catalog=catalog)
-        quarantined: list[Quarantined] = []
-        if repo.load_nodes(catalog, corrupt=[]):
-            return repo, recover(repo, clock, catalog, quarantined=quarantined), True, quarantined
-        if cluster is None:
-            raise ValueError("the store holds no cluster and none was given: pass a cluster spec")
-        return repo, build_control_plane(cluster, clock, catalog=catalog), False, quarantined
-    except BaseException:
-        engine.dispose()
-        raise
