@@ -3,10 +3,21 @@
 The engine owns the loop the DESIGN's data path describes (convention 1: the
 core decides, the runtime carries it out):
 
-    tick: apply (queued calls, backend events as facts deduplicated by id, the
-          hooks' proposals) -> commands (the effects of what was applied, read
-          as a value, plus a scheduling cycle) -> flush (state, decisions,
-          audit: one transaction) -> send the commands -> publish the streams
+    tick: 1. apply (queued calls, backend events as facts deduplicated by id)
+          2. commands (a reconciler step: the effects of what was applied, read
+             as a value, plus a scheduling cycle)
+          1'. apply the tick hooks' proposals (agent, workflows), which read
+             the state that step settled
+          2'. commands again, when what the hooks applied is worth a cycle
+          3. flush (state, decisions, audit: one transaction)
+          4. send the commands, publish the streams
+
+The reconciler steps twice because the hooks must see the scheduling cycle's
+result: they act where the scheduler did not (a reschedule workflow places its
+preemptor itself only if the cycle has not; the agent's triggers look at what
+is still queued after it), and what they propose takes effect in the same
+tick. It is the order of the simulator (:mod:`mlwe.sim.driver`: settle, the
+hooks, one more step), on which the agent's forecasts play its plans.
 
 Requests (submit, cancel, cordon, proposals from the agent) go through the
 same control plane under the engine lock, and are **acknowledged only once
@@ -387,13 +398,23 @@ class Engine(RequestDoors):
 
     # ==================================================================== loop
     def tick(self) -> TickReport:
-        """One iteration of the loop (see the module docstring), in four parts: apply
-        what came in, turn what it did into commands, make it durable, send.
+        """One iteration of the loop (see the module docstring): apply what came in
+        (queued calls, the backend's facts), turn it into commands (a reconciler
+        step, with a scheduling cycle), run the tick hooks on the state that step
+        settled, step again if what they applied is worth a cycle, make all of it
+        durable, send.
 
         What was applied is read as a value (the control plane's effects, taken by
-        each ``reconciler.step()``), not collected on the side; the second step
-        turns what the tick hooks applied into commands in the same tick when it
-        is worth a cycle (otherwise the next tick's first step reads it)."""
+        each ``reconciler.step()``), not collected on the side. The hooks run after
+        the first step, not before a single one, because they must see the cycle's
+        result: a hook run before the cycle would race the scheduler (a reschedule
+        workflow would find its preemptor pending on freed resources and place it
+        itself instead of leaving it to the cycle; the agent would analyse work the
+        cycle is about to place), and the simulator (:mod:`mlwe.sim.driver`), on
+        which the agent forecasts, runs them after the reconciler settled. The
+        second step makes what the hooks applied commands in the same tick when it
+        is worth a cycle (an accepted request other than a submission always is: it
+        marks the reconciler dirty); otherwise the next tick's first step reads it."""
         rep = TickReport()
         with self.lock:
             # 1. apply: calls queued for the engine thread, the backend's facts
@@ -405,7 +426,8 @@ class Engine(RequestDoors):
                 self.reconciler.handle(events)
             # 2. commands: effects -> retries, scheduling cycle, starts -> commands
             cmds = self.reconciler.step()
-            # 1'. apply: the hooks (agent, workflows) propose through the request path
+            # 1'. apply: the hooks (agent, workflows), on the state the step settled, propose
+            #     through the request path (before the step they would race the cycle)
             for hook in list(self.tick_hooks):
                 self._guarded(partial(hook, self), "tick hook failed", rep)
             if self.reconciler.wants_step():
