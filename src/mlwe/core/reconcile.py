@@ -17,10 +17,23 @@ commands; it never touches a backend itself:
    anything changed, the owed workloads are started (``Start``), and the owed
    starts and stops become commands (:func:`commands_for`).
 
-The step is the one place outside the control plane's callers that applies
-actions of its own (``Retry``, the scheduler's preparation and plan, ``Start``):
-each of its phases takes the effects of what it applied before the next one
-reads the state, so the order is the one written in :meth:`Reconciler.step`.
+Why the step applies transitions itself: ``Retry``, the scheduler's preparation
+and plan (its placements and preemptions, with their decision records) and
+``Start`` are not requests that anyone makes; they are the state machine's own
+transitions, owed by the state and the clock alone (a failed attempt whose
+backoff elapsed goes back to the queue, queued work that fits is placed, an
+admitted workload starts). The reconciler is what takes them, the way Dask's
+``WorkerState`` handles a stimulus by transitioning its own tasks and returning
+the instructions its ``Worker`` is to carry out. It applies them through
+``cp.apply`` like any other action: verified against the control plane's
+invariants, recorded as transitions and decisions, and, in the runtime, made
+durable by the flush that comes before the commands are sent. The commands the
+step returns are those instructions, for the backend (start this attempt there,
+stop that one with this grace); the driver sends them, the reconciler never
+calls a backend.
+
+Each of the step's phases takes the effects of what it applied before the next
+one reads the state, so the order is the one written in :meth:`Reconciler.step`.
 """
 
 from __future__ import annotations
@@ -131,6 +144,10 @@ def commands_for(
 
 
 class Reconciler:
+    """The driver of the control plane's own transitions: facts in (:meth:`handle`),
+    the transitions they owe applied and commands for the backend out
+    (:meth:`step`); see the module docstring."""
+
     def __init__(
         self,
         cp: ControlPlane,
@@ -250,8 +267,10 @@ class Reconciler:
         return retries
 
     def step(self, cause_id: str | None = None) -> list[Command]:
-        """Effects in, commands out (see the module docstring); each phase reads the
-        effects of the one before it."""
+        """Effects in, commands out (see the module docstring): the state machine's
+        own transitions applied (due retries, the scheduler's preparation, a cycle,
+        the owed starts), then the instructions for the backend returned; each
+        phase reads the effects of the one before it."""
         cp = self.cp
         owed, self._owed = self._absorb(self._owed), Owed()  # since the last step
         retries = self.due_retries(cp.now())
