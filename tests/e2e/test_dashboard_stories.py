@@ -242,3 +242,52 @@ def test_the_header_does_not_clip_on_a_phone(server: tuple[Api, str], browser: A
     assert clipped == []
     assert page.evaluate("document.documentElement.scrollWidth") <= 391
     _shot(page, "narrow-390")
+
+
+def test_a_snapshot_older_than_the_stream_does_not_rewind_a_lifecycle(
+    server: tuple[Api, str], browser: Any
+) -> None:
+    """The page refreshes its snapshot every 2 s; on a busy machine one can be answered
+    after newer state events arrived. Its lifecycle must not replace theirs (it would
+    drop the states seen since, e.g. a victim's 'preempting'). Here every snapshot is
+    made stale on purpose: the workload's lifecycle cut to its first state and its
+    transition count to 1."""
+    import json
+
+    from playwright.sync_api import expect
+
+    api, url = server
+    page = _open(browser, url, api.tokens[Role.OPERATOR])
+
+    served: list[int] = []
+
+    def stale(route: Any) -> None:
+        resp = route.fetch()
+        body = resp.json()
+        served.append(len(body.get("workloads", [])))
+        for w in body.get("workloads", []):
+            if w.get("id") == "stale-check":
+                w["lifecycle"], w["lifecycle_causes"], w["transitions"] = ["pending"], [None], 1
+                w["state"] = "pending"
+        route.fulfill(response=resp, body=json.dumps(body))
+
+    page.route(re.compile(r".*/api/v1/cluster(\?.*)?$"), stale)
+    _submit(api, {"id": "stale-check", "name": "stale-check", "resources": {"cpu": 0.1},
+                  "estimated_duration": "2h"})
+    assert wait_for(lambda: api.engine.cp.workloads["stale-check"].state.value == "running",
+                    timeout=30)
+    chain = page.locator("#wl-stale-check .chain-states")
+    expect(chain).to_contain_text("running", timeout=20_000)
+    # a few stale snapshot refreshes (every 2 s) come in; then a new state event draws
+    # the row again: the chain goes on from what the stream said
+    for _ in range(120):  # route handlers run while Playwright waits (a condition, not a sleep)
+        if len(served) >= 3:
+            break
+        page.wait_for_timeout(250)
+    assert len(served) >= 3, served
+    r = api.client.post("/api/v1/workloads/stale-check/cancel", headers=api.h(Role.SUBMITTER))
+    assert r.status_code < 300, r.text
+    expect(chain).to_contain_text("cancelled", timeout=20_000)
+    expect(chain).to_have_text(re.compile(r"pending.*admitted.*starting.*running.*cancelled"))
+    assert max(served) >= 1, served  # the stale snapshots did hold the workload
+    assert page.errors == []

@@ -96,6 +96,11 @@ class WorkloadSummary(_Out):
     )
     correlation_id: str | None
     lifecycle: list[str] = Field(description="the states it went through, oldest first (last 12)")
+    transitions: int = Field(
+        default=0,
+        description="how many transitions it has had in all; a state event's 'seq' is the"
+        " number of its transition, so a client keeps the newer of a snapshot and its stream",
+    )
     lifecycle_causes: list[str | None] = Field(
         default_factory=list,
         description="per lifecycle entry: for a failure, its cause (node-lost and vanished are not the"

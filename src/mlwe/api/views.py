@@ -157,6 +157,7 @@ def workload_summary(
         "owner_subject": spec.labels.get(OWNER_SUBJECT_LABEL),
         "correlation_id": correlation_of(w),
         "lifecycle": [t.target.value for t in w.history[-12:]],
+        "transitions": len(w.history),
         "lifecycle_causes": [failure_cause(t) for t in w.history[-12:]],
         "preempted_by": w.preempted_by,
         "submitted_at": rfc3339(w.submit_time),

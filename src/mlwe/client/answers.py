@@ -44,6 +44,7 @@ class WorkloadSummary(TypedDict):
     owner_subject: str | None  # the token's id: what owns it (unique, never reused)
     correlation_id: str | None
     lifecycle: list[str]
+    transitions: int
     lifecycle_causes: list[str | None]
     preempted_by: str | None
     submitted_at: str | None

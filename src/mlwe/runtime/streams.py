@@ -338,10 +338,17 @@ class StreamHub:
 # ============================================================ what is streamed
 # The engine's events, one shape each (the dashboard and `mlwe watch` read these).
 def transition_event(w: Workload, tr: Transition) -> dict[str, Any]:
-    """A workload's state transition, on the ``state`` topic."""
+    """A workload's state transition, on the ``state`` topic; ``seq`` is its number
+    among the workload's transitions (1 = the first), as ``transitions`` counts them
+    in a workload's summary."""
+    h = w.history
+    seq = len(h)
+    while seq > 0 and h[seq - 1] is not tr:  # later transitions of the same batch follow it
+        seq -= 1
     return {
         "type": "transition",
         "workload": w.id,
+        "seq": seq or None,
         "name": w.spec.name,
         "kind": w.spec.kind.value,
         "priority": w.priority,

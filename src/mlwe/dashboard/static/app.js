@@ -199,7 +199,11 @@
   // ------------------------------------------------------------ workloads
   function upsertWorkload(w) {
     const cur = S.workloads.get(w.id) || { history: [] };
+    // a snapshot answered after newer state events arrived is older than what is shown:
+    // keep what the stream said (its lifecycle would drop the states seen since)
+    if (typeof w.transitions === "number" && (cur.seen || 0) > w.transitions) return cur;
     const merged = Object.assign(cur, w);
+    if (typeof w.transitions === "number") merged.seen = w.transitions;
     if (w.history) {
       merged.history = w.history.map((h) => h.target);
       merged.causes = w.history.map((h) => (h.target === "failed" ? causeOf(h.reason) : null));
@@ -234,6 +238,7 @@
     // a workload the snapshot did not include (older than the latest 200): its story is the replay
     if (replay && w.state === undefined) w.fromReplay = true;
     const fresh = Boolean(w.fromReplay);
+    if (typeof d.seq === "number") w.seen = Math.max(w.seen || 0, d.seq);
     if (!replay || fresh) w.state = d.to || d.target || d.state || w.state;
     if (d.deadline !== undefined) w.deadline = d.deadline;
     if ((d.to || d.target) === "preempting" && typeof d.reason === "string" && d.reason.startsWith("preempted by ")) {
