@@ -5,7 +5,7 @@ the effects log and savepoints; the result types of ``apply``; the shared rules.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from mlwe.core.actions import (
@@ -234,20 +234,7 @@ class PlaneState:
     def record(self, rec: DecisionRecord) -> DecisionRecord:
         """Stamp and store a decision record (sequence, time, version)."""
         self._decision_seq += 1
-        stamped = DecisionRecord(
-            kind=rec.kind,
-            workload=rec.workload,
-            policy=rec.policy,
-            chosen=rec.chosen,
-            reasons=rec.reasons,
-            candidates=rec.candidates,
-            inputs_digest=rec.inputs_digest,
-            cause_id=rec.cause_id,
-            time=self.clock.now(),
-            version=self.version,
-            seq=self._decision_seq,
-            extra=rec.extra,
-        )
+        stamped = replace(rec, time=self.clock.now(), version=self.version, seq=self._decision_seq)
         if self._sink is not None:
             self._sink(stamped)
         else:
@@ -443,17 +430,7 @@ def _subject(action: object) -> str:
 
 
 def _with_cause(rec: DecisionRecord, cause_id: str) -> DecisionRecord:
-    return DecisionRecord(
-        kind=rec.kind,
-        workload=rec.workload,
-        policy=rec.policy,
-        chosen=rec.chosen,
-        reasons=rec.reasons,
-        candidates=rec.candidates,
-        inputs_digest=rec.inputs_digest,
-        cause_id=cause_id,
-        extra=rec.extra,
-    )
+    return replace(rec, cause_id=cause_id)
 
 
 def priority_index(workloads: Mapping[str, Workload]) -> dict[int, int]:
