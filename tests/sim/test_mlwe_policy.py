@@ -122,8 +122,12 @@ def test_a_skipped_gain_search_would_have_found_nothing(
         assert policy._cursor == skip_cursor
         assert min(wake_before, wake) == skip_wake
         skipped.append(turn.w.id)
+        if turn.w.spec.replicas > 1:
+            gangs.append(turn.w.id)
         return False
 
+    gangs: list[str] = []
     monkeypatch.setattr(sched.Scheduler, "_could_gain", checked)
     run(contended)
     assert len(skipped) > 100 and searched  # both paths were taken
+    assert gangs  # gangs (several replicas, no per-node cap) are skipped too

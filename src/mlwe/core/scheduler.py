@@ -460,18 +460,20 @@ class Scheduler:
 
     def _could_gain(self, cycle: Cycle, turn: Turn) -> bool:
         """Whether a gain search for ``turn`` could find anything. Known without a
-        node scan for one GPU replica when only equals could be its victims (no
-        cohort could reclaim, nobody holds at a lower priority) and the victim
-        policy is :class:`CheapestVictims`: :func:`mlwe.core.gain.could_gain` on
-        the holders reduced once per cycle, with the wake time and rotating start
-        the search would leave; the decisions are the search's, byte for byte."""
+        node scan for GPU work (one replica, or a gang with no per-node cap) when
+        only equals could be its victims (no cohort could reclaim, nobody holds at
+        a lower priority) and the victim policy is :class:`CheapestVictims`:
+        :func:`mlwe.core.gain.could_gain` on the holders reduced once per cycle
+        (no node where one replica fits even with victims: no replica that needs
+        them can be placed), with the wake time and rotating start the search
+        would leave; the decisions are the search's, byte for byte."""
         cp, w, shape = cycle.cp, turn.w, turn.shape
         policy = self.preemption
         if (
             cycle.cohorts
-            or w.spec.replicas != 1
             or not shape.gpu
             or not isinstance(policy, CheapestVictims)
+            or (w.spec.replicas != 1 and (shape.per_node or shape.max_per_node))
         ):
             return True
         lowest = min(cp.holding_by_priority, default=w.priority + 1)
@@ -491,9 +493,8 @@ class Scheduler:
             self.config, self.remaining, w, shape, cycle.fork, set(nodes), cycle.taken,
             turn.exclude, cands, cycle.now,
         )
-        if not possible:
+        if not possible and policy.pass_over(cycle.fork, shape, w.spec.replicas, turn.exclude):
             self._wake_at = min(self._wake_at, wake)
-            policy.pass_over(cycle.fork, shape)
         return possible
 
     def _evict_for(

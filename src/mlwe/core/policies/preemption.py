@@ -229,15 +229,36 @@ class CheapestVictims:
         eligible = _eligibility(cp, p, taken, equals, reclaim_ok, now)
         return self._search(cp, fork.fork(), p, shape, nodes, exclude, eligible, now)
 
-    def pass_over(self, fork: CapacityIndex, shape: Shape) -> bool:
-        """Account for a search of one replica of ``shape`` that the caller knows
-        finds nothing, as if it had run (the rotating start moves as a scan of
-        every candidate node moves it): True if so; False when such a search
-        would not examine every candidate node (the caller must then search)."""
-        n = len(candidate_nodes(fork, shape))
-        if n > self.max_scan:
-            return False
-        self._cursor += n
+    def pass_over(
+        self,
+        fork: CapacityIndex,
+        shape: Shape,
+        replicas: int = 1,
+        exclude: Container[str] = (),
+    ) -> bool:
+        """Account for a search for ``replicas`` of ``shape`` (no per-node cap) that
+        the caller knows finds no victim, as if it had run: the replicas that fit
+        in free room take it, and the first that does not scans every candidate
+        node, which moves the rotating start by their count. True if that scan
+        happens (the search then reads its victim test on every holder there);
+        False if every replica fits without evicting anyone (nothing moves).
+
+        One replica is known not to fit (the caller's placement failed); for a
+        gang, the search's own first fits are replayed on a copy of ``fork``.
+        The caller checks that the candidate nodes number at most ``max_scan``.
+        """
+        nodes = candidate_nodes(fork, shape)
+        assert len(nodes) <= self.max_scan, "such a search stops before it has seen every node"
+        if replicas > 1:
+            f = fork.fork()
+            for _ in range(replicas):
+                alloc = _first_fit(f, shape, exclude)
+                if alloc is None:
+                    break
+                f.allocate(alloc)
+            else:
+                return False
+        self._cursor += len(nodes)
         return True
 
     def _search(
