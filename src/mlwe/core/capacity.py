@@ -129,10 +129,12 @@ class CapacityIndex:
         "_info",
         "_key",
         "_max_level",
+        "_model_lists",
         "_owned_buckets",
         "_owned_nodes",
         "_partial",
         "_status",
+        "_status_owned",
     )
 
     def __init__(self) -> None:
@@ -145,6 +147,11 @@ class CapacityIndex:
         self._partial: dict[str, dict[str, None]] = {}
         self._max_level: dict[str, int] = {}
         self._by_model: dict[str, list[str]] = {}
+        #: the nodes of several models in preference order, per tuple of models (shared
+        #: with forks: nodes are added and removed on the base only, which clears it)
+        self._model_lists: dict[tuple[str, ...], list[str]] = {}
+        #: forks share the status table until they change a node's status
+        self._status_owned = True
         self._base = True
         self._owned_nodes: set[str] = set()
         self._owned_buckets: set[tuple[str, int] | str] = set()
@@ -164,6 +171,7 @@ class CapacityIndex:
         level = info.gpu_count if info.gpu_model else min(c.cpu // 1000, _CPU_LEVEL_CAP)
         self._max_level[model] = max(self._max_level.get(model, 0), level)
         self._by_model.setdefault(model, []).append(info.name)
+        self._model_lists.clear()
         self._reindex(info.name)
 
     def remove_node(self, name: str) -> None:
@@ -180,6 +188,7 @@ class CapacityIndex:
         if info.gpu_model is not None and info.gpu_model in self._partial:
             self._partial[info.gpu_model].pop(name, None)
         self._by_model[info.gpu_model or ""].remove(name)
+        self._model_lists.clear()
         del self._info[name], self._free[name], self._dev[name], self._status[name]
         # _max_level may now overstate the largest node of the model: it only bounds searches
 
@@ -189,7 +198,9 @@ class CapacityIndex:
         f._info = self._info  # static, shared
         f._free = dict(self._free)
         f._dev = dict(self._dev)
-        f._status = dict(self._status)
+        f._status = self._status  # copied on the fork's first status change
+        f._status_owned = False
+        f._model_lists = self._model_lists
         f._key = dict(self._key)
         f._buckets = dict(self._buckets)
         f._partial = dict(self._partial)
@@ -220,6 +231,11 @@ class CapacityIndex:
         f = self._free[node]
         return Resources(f[0], f[1], f[2], f[3])
 
+    def free_vector(self, node: str) -> tuple[int, int, int, int]:
+        """``free(node)`` as a plain tuple (gpu, vram, cpu, ram), for hot loops."""
+        f = self._free[node]
+        return f[0], f[1], f[2], f[3]
+
     def free_devices(self, node: str) -> tuple[int, ...]:
         return tuple(self._dev[node])
 
@@ -237,6 +253,18 @@ class CapacityIndex:
     def nodes_of_model(self, model: str | None) -> list[str]:
         """Nodes with GPUs of ``model`` (None: CPU-only nodes), in the order they were added."""
         return self._by_model.get(model or "", [])
+
+    def nodes_of_models(self, models: tuple[str, ...]) -> list[str]:
+        """The nodes of each of ``models`` in that order, then in the order they were
+        added (kept until a node is added or removed; read-only)."""
+        if len(models) == 1:
+            return self._by_model.get(models[0], [])
+        got = self._model_lists.get(models)
+        if got is None:
+            got = self._model_lists[models] = [
+                n for m in models for n in self._by_model.get(m, [])
+            ]
+        return got
 
     def models(self) -> list[str]:
         return sorted(m for m in self._max_level if m)
@@ -292,6 +320,9 @@ class CapacityIndex:
 
     # ----------------------------------------------------------------- changing
     def set_status(self, node: str, status: NodeStatus) -> None:
+        if not self._status_owned:
+            self._status = dict(self._status)
+            self._status_owned = True
         self._status[node] = status
         self._reindex(node)
 

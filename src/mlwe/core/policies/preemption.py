@@ -72,10 +72,13 @@ class _Candidate:
     alloc: ReplicaAlloc
     cost: float
     rank: int
+    _key: tuple[float, int, int, int] | None = None
 
     def key(self) -> tuple[float, int, int, int]:
-        top = max(v.priority for _, v, _ in self.victims)
-        return (round(self.cost, 6), top, len(self.victims), self.rank)
+        if self._key is None:
+            top = max(v.priority for _, v, _ in self.victims)
+            self._key = (round(self.cost, 6), top, len(self.victims), self.rank)
+        return self._key
 
 
 @dataclass(slots=True)
@@ -106,9 +109,10 @@ class _Search:
 
 def candidate_nodes(fork: CapacityIndex, shape: Shape) -> list[str]:
     """Where a replica of ``shape`` might go: the nodes of its models in preference
-    order; for CPU-only work, CPU nodes first, then every GPU model's nodes."""
+    order; for CPU-only work, CPU nodes first, then every GPU model's nodes.
+    Read-only: the index's own list, kept (not rebuilt for every search)."""
     if shape.gpu:
-        return [n for m in shape.models for n in fork.nodes_of_model(m)]
+        return fork.nodes_of_models(shape.models)
     nodes = [*fork.nodes_of_model(None)]
     for m in fork.models():
         nodes += fork.nodes_of_model(m)
@@ -129,13 +133,16 @@ def _eligibility(
     ``p`` reclaims; never protected or too young work, never work that frees
     nothing ``p`` can use."""
     qp = cp.queues[p.queue]
+    mine = p.priority
+    capacity = cp.capacity
 
     def eligible(v: Workload) -> PreemptReason | None:
         if v.id in taken or v.state not in EVICTABLE:
             return None
-        if v.priority < p.priority:
+        theirs = v.priority
+        if theirs < mine:
             why = PreemptReason.PRIORITY
-        elif equals is not None and v.priority == p.priority:
+        elif equals is not None and theirs == mine:
             if gain_violations(p, v, now) or not equals(v):
                 return None
             why = PreemptReason.GAIN
@@ -148,7 +155,7 @@ def _eligibility(
             return None
         if preemptible(v, now) is not None:
             return None
-        if not frees_what_is_needed(cp.capacity, v, p):
+        if not frees_what_is_needed(capacity, v, p):
             return None  # the control plane's rule: e.g. a CPU-only job frees no GPUs
         return why
 
@@ -364,30 +371,23 @@ class CheapestVictims:
         rank: int,
     ) -> _Candidate | None:
         # work with sums first (cheap); check devices and VRAM only when the sums allow
-        free = f.free(node)
-        base = (free.gpu, free.cpu, free.ram)
-
-        def held(v: Workload) -> tuple[int, int, int]:
+        g0, _, c0, r0 = f.free_vector(node)
+        need_g, need_c, need_r = shape.gpu, shape.cpu, shape.ram
+        sizes: dict[str, tuple[int, int, int]] = {}
+        tg, tc, tr = g0, c0, r0
+        for _, v, _ in vs:
             g = c = r = 0
             for a in v.placement:
                 if a.node == node:
-                    g += a.res.gpu
-                    c += a.res.cpu
-                    r += a.res.ram
-            return g, c, r
-
-        sizes = {v.id: held(v) for _, v, _ in vs}
-
-        def enough(items: list[tuple[float, Workload, PreemptReason]]) -> bool:
-            g, c, r = base
-            for _, v, _ in items:
-                hg, hc, hr = sizes[v.id]
-                g += hg
-                c += hc
-                r += hr
-            return g >= shape.gpu and c >= shape.cpu and r >= shape.ram
-
-        if not enough(vs):
+                    res = a.res
+                    g += res.gpu
+                    c += res.cpu
+                    r += res.ram
+            sizes[v.id] = (g, c, r)
+            tg += g
+            tc += c
+            tr += r
+        if tg < need_g or tc < need_c or tr < need_r:
             return None  # even evicting every eligible victim would not free enough
         vs.sort(key=lambda t: (t[0], t[1].priority, t[1].seq))
 
@@ -396,9 +396,14 @@ class CheapestVictims:
 
         released: list[tuple[float, Workload, PreemptReason]] = []
         fit = None
+        g, c, r = g0, c0, r0
         for item in vs:  # cheapest first, until the preemptor fits
             released.append(item)
-            if enough(released):
+            hg, hc, hr = sizes[item[1].id]
+            g += hg
+            c += hc
+            r += hr
+            if g >= need_g and c >= need_c and r >= need_r:
                 fit = f.fit_after_release(node, shape, mine(released))
                 if fit is not None:
                     break
@@ -406,11 +411,18 @@ class CheapestVictims:
             return None
         # minimality: drop any victim the preemptor does not need, costliest first
         for item in sorted(released, key=lambda t: (-t[0], -t[1].seq)):
-            trial = [x for x in released if x is not item]
-            if trial and enough(trial):
+            hg, hc, hr = sizes[item[1].id]
+            if (
+                len(released) > 1
+                and g - hg >= need_g
+                and c - hc >= need_c
+                and r - hr >= need_r
+            ):
+                trial = [x for x in released if x is not item]
                 again = f.fit_after_release(node, shape, mine(trial))
                 if again is not None:
                     released, fit = trial, again
+                    g, c, r = g - hg, c - hc, r - hr
         return _Candidate(node, released, fit, sum(c for c, _, _ in released), rank)
 
 
