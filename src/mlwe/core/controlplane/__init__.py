@@ -12,20 +12,25 @@ After each applied batch the invariants of what the batch touched are checked
 (``check_invariants``); :meth:`validate_state` is the full sweep.
 
 What an applied batch did leaves as a value: ``ApplyResult.transitions`` (its
-lifecycle transitions, in order), and, for a reader that asked
-(:meth:`ControlPlane.keep_effects`: the reconciler), the same values of every
-batch until :meth:`ControlPlane.take_effects`, whoever applied them; a batch
-undone by :meth:`ControlPlane.rollback_to` is gone from them. ``listeners``
-remain for observers that need a push (the store writer, monitors, metrics).
+lifecycle transitions, in order), and an :class:`Effects` record (those
+transitions, the workloads, nodes and queues it changed, the decision records
+filed with it) in ``ControlPlane.effects``, an :class:`EffectsLog` that keeps
+every batch's record, whoever applied it, for each reader that follows it,
+with a cursor of its own (the reconciler, through
+:meth:`ControlPlane.take_effects`: what is owed to the backend). A decision
+record filed outside a batch (a rejection, a changed pending reason) is a
+record of its own. A batch undone by :meth:`ControlPlane.rollback_to` is gone
+from the log for every reader. ``listeners`` remain for observers that need a
+push (the store writer, monitors, metrics).
 """
 
 
+from mlwe.core.controlplane.effects import Changed, Effects, EffectsLog
 from mlwe.core.controlplane.plane import ControlPlane
 from mlwe.core.controlplane.state import (
     DEFAULT_QUEUE,
     NOT_ITS_FAULT,
     ApplyResult,
-    Changed,
     InvariantViolation,
     Rejection,
     Savepoint,
@@ -39,6 +44,8 @@ __all__ = [
     "ApplyResult",
     "Changed",
     "ControlPlane",
+    "Effects",
+    "EffectsLog",
     "InvariantViolation",
     "Rejection",
     "Savepoint",

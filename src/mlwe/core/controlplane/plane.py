@@ -22,11 +22,11 @@ from mlwe.core.actions import (
     Submit,
 )
 from mlwe.core.controlplane.cluster import ClusterHandlers
+from mlwe.core.controlplane.effects import Changed, batch_effects
 from mlwe.core.controlplane.facts import FactHandlers
 from mlwe.core.controlplane.restore import Restore
 from mlwe.core.controlplane.state import (
     ApplyResult,
-    Changed,
     InvariantViolation,
     Rejection,
     _subject,
@@ -146,8 +146,8 @@ class ControlPlane(WorkloadHandlers, FactHandlers, ClusterHandlers, Restore):
         decisions: Iterable[DecisionRecord],
     ) -> ApplyResult:
         """Make a verified batch that changed something count: bump the version,
-        remember the event id (and the savepoint's undo), keep its effects, tell
-        the listeners, count the actions, record the decisions."""
+        remember the event id (and the savepoint's undo), tell the listeners,
+        count the actions, record the decisions, keep its effects."""
         self.version += 1
         if event_id is not None:
             self._remember_event(event_id)
@@ -158,15 +158,21 @@ class ControlPlane(WorkloadHandlers, FactHandlers, ClusterHandlers, Restore):
         changed = tuple(
             Changed(w, tr, w.attempt, w.failures, w.failure_cause) for w, tr in txn.transitions
         )
-        if self._effects is not None:
-            self._effects += changed
         for w, tr in txn.transitions:
             for listener in self.listeners:
                 listener(w, tr)
         for a in actions:
             self.counters[a.kind] = self.counters.get(a.kind, 0) + 1
-        for rec in decisions:
-            self.record(rec if rec.cause_id or cause_id is None else _with_cause(rec, cause_id))
+        filed: list[DecisionRecord] = []
+        self._batch_decisions = filed  # recorded with the batch, not on their own
+        try:
+            for rec in decisions:
+                self.record(rec if rec.cause_id or cause_id is None else _with_cause(rec, cause_id))
+        finally:
+            self._batch_decisions = None
+        if self.effects.followed:
+            self.effects.append(
+                batch_effects(self.version, actions, changed, txn.created, tuple(filed)))
         result = ApplyResult(True, self.version, (), False, tuple(txn.ignored), tuple(txn.created),
                              changed)
         for batch_listener in self.batch_listeners:

@@ -1,12 +1,12 @@
 """The control plane's state and the primitives every handler uses: lifecycle
 transitions with their undo, holding and freeing capacity, decision records,
-the effects log and savepoints; the result types of ``apply``; the shared rules."""
+the effects log's readers and savepoints; the result types of ``apply``; the
+shared rules."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
 
 from mlwe.core.actions import (
     Action,
@@ -15,6 +15,7 @@ from mlwe.core.actions import (
 from mlwe.core.capacity import FULL, CapacityIndex, NodeInfo, ReplicaAlloc
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
+from mlwe.core.controlplane.effects import Changed, Effects, EffectsLog
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import QUEUED, TRANSITIONS, State, Transition
 from mlwe.core.model import Queue, Workload
@@ -22,6 +23,8 @@ from mlwe.core.resources import Resources
 from mlwe.core.spec import NodeStatus, QueueSpec, WorkloadSpec
 
 DEFAULT_QUEUE = "default"
+#: The reader of the effects log behind :meth:`PlaneState.take_effects` (the reconciler).
+RECONCILER = "reconciler"
 #: Exit causes that do not count against a workload's retries.
 NOT_ITS_FAULT = frozenset({"node-lost", "vanished"})
 
@@ -35,18 +38,6 @@ class Rejection:
 
     def __str__(self) -> str:
         return f"#{self.index} {self.action} {self.subject}: " + "; ".join(self.reasons)
-
-
-class Changed(NamedTuple):
-    """One lifecycle transition an applied batch made, with what the workload's
-    retry bookkeeping said when the batch was applied (a later batch may change it
-    before the transition is read)."""
-
-    workload: Workload
-    transition: Transition
-    attempt: int
-    failures: int
-    failure_cause: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +87,7 @@ class Savepoint:
     decision_seq: int
     decisions: int
     counters: dict[str, int]
-    effects: int  # length of the control plane's effects log when it was taken
+    effects: int  # the position of the effects log's next record when it was taken
     undo: list[list[Callable[[], None]]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
 
@@ -129,13 +120,18 @@ class PlaneState:
         self.decisions: list[DecisionRecord] = []
         #: Called after each applied batch, once per state transition in it (in order):
         #: observers that need a push (the store writer, the agent's monitor, metrics).
-        #: What is owed to the backend is not read here but from :meth:`take_effects`.
+        #: What is owed to the backend is not read here but from :attr:`effects`.
         self.listeners: list[Callable[[Workload, Transition], None]] = []
         #: Called with every stamped decision record (the store, the audit log, streams).
         self.decision_listeners: list[Callable[[DecisionRecord], None]] = []
         #: Called after every applied batch that changed state, with its actions and
         #: result (the store persists what changed beyond lifecycle transitions).
         self.batch_listeners: list[Callable[[Sequence[Action], ApplyResult], None]] = []
+        #: What each applied batch did, and the decision records filed outside batches,
+        #: kept for each reader that follows it (the reconciler).
+        self.effects = EffectsLog()
+        #: The decision records filed by the batch being committed (None outside one).
+        self._batch_decisions: list[DecisionRecord] | None = None
         self._sink = decision_sink
         self._decision_seq = 0
         self._seq = 0
@@ -144,34 +140,33 @@ class PlaneState:
         self.invariant_checks = 0
         self.counters: dict[str, int] = {}
         self._savepoint: Savepoint | None = None
-        #: The transitions of applied batches not yet taken (:meth:`take_effects`), in
-        #: order; None until a reader asks for them (:meth:`keep_effects`).
-        self._effects: list[Changed] | None = None
         self._put_queue(QueueSpec(name=DEFAULT_QUEUE))
 
     # ================================================================= effects
+    # The reconciler's reader of :attr:`effects`: it needs only the transitions.
     def keep_effects(self) -> None:
-        """Keep the transitions of every applied batch until :meth:`take_effects`
-        (the reconciler asks, once; a control plane nobody reads keeps nothing)."""
-        if self._effects is None:
-            self._effects = []
+        """Keep the transitions of every applied batch for :meth:`take_effects`
+        (the reconciler asks; a control plane nobody reads keeps nothing)."""
+        if not self.effects.follows(RECONCILER):
+            self.effects.follow(RECONCILER)
 
     def take_effects(self) -> tuple[Changed, ...]:
-        """The transitions applied since the last call, in order, and forget them.
+        """The transitions applied since the last call, in order, now read (other
+        readers of :attr:`effects` still have them).
 
         A batch rolled back (:meth:`rollback_to`) is gone from them, so taking is
         refused while a savepoint is open (it could take what is then undone)."""
         if self._savepoint is not None:
             raise RuntimeError("effects are taken only with no savepoint open")
-        out = self._effects
-        if not out:
+        if not self.effects.follows(RECONCILER):
             return ()
-        self._effects = []
-        return tuple(out)
+        return _transitions(self.effects.take(RECONCILER))
 
     def pending_effects(self) -> tuple[Changed, ...]:
         """What :meth:`take_effects` would return, without taking it."""
-        return tuple(self._effects or ())
+        if not self.effects.follows(RECONCILER):
+            return ()
+        return _transitions(self.effects.unread(RECONCILER))
 
     # ============================================================== savepoints
     def savepoint(self) -> Savepoint:
@@ -179,7 +174,7 @@ class PlaneState:
         if self._savepoint is not None:
             raise RuntimeError("a savepoint is already open")
         sp = Savepoint(self.version, self._decision_seq, len(self.decisions), dict(self.counters),
-                       len(self._effects or ()))
+                       self.effects.end)
         self._savepoint = sp
         return sp
 
@@ -191,9 +186,10 @@ class PlaneState:
     def rollback_to(self, sp: Savepoint) -> None:
         """Undo every batch applied since ``sp``, newest first, and close it.
 
-        Their effects are dropped from :meth:`take_effects`. Listeners have seen
-        those batches: whoever buffered what they said (the store writer) rolls
-        its buffers back too."""
+        Their effects (and the decision records filed since) are dropped from
+        :attr:`effects` for every reader. Listeners have seen those batches:
+        whoever buffered what they said (the store writer) rolls its buffers
+        back too."""
         if self._savepoint is not sp:
             raise RuntimeError("not the open savepoint")
         for undo in reversed(sp.undo):
@@ -204,8 +200,7 @@ class PlaneState:
         self.version = sp.version
         self._decision_seq = sp.decision_seq
         del self.decisions[sp.decisions :]
-        if self._effects is not None:
-            del self._effects[sp.effects :]
+        self.effects.truncate(sp.effects)
         self.counters = sp.counters
         self._savepoint = None
 
@@ -239,6 +234,11 @@ class PlaneState:
             self._sink(stamped)
         else:
             self.decisions.append(stamped)
+        batch = self._batch_decisions
+        if batch is not None:
+            batch.append(stamped)  # filed with the batch being committed
+        elif self.effects.followed:
+            self.effects.append(Effects(self.version, decisions=(stamped,)))
         for listener in self.decision_listeners:
             listener(stamped)
         return stamped
@@ -427,6 +427,10 @@ def _subject(action: object) -> str:
         return subject(action)  # type: ignore[arg-type]
     except Exception:  # a malformed action still gets a readable rejection
         return "?"
+
+
+def _transitions(effects: tuple[Effects, ...]) -> tuple[Changed, ...]:
+    return tuple(c for e in effects for c in e.transitions)
 
 
 def _with_cause(rec: DecisionRecord, cause_id: str) -> DecisionRecord:
