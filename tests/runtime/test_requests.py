@@ -167,6 +167,10 @@ def test_a_request_the_store_refuses_is_rejected_alone(
     assert "store refused it" in " ".join(results[1].reasons())
     assert set(eng.cp.workloads) == {"good-1", "good-2"}
     assert eng.repo.count_workloads() == 2
+    # the audit records queued for the rolled-back group went with it: one each, kept alone
+    requests = [(e.kind, e.workload) for e in eng.audit.entries() if e.kind != "decision"
+                and e.workload is not None]
+    assert requests == [("request", "good-1"), ("request", "good-2")]
     assert eng.submit([job("later")]).accepted  # nothing is wedged
     eng.close()
 

@@ -39,6 +39,7 @@ from mlwe.core import (
     State,
     Submit,
 )
+from mlwe.core.reconcile import Reconciler
 from mlwe.store import schema as S
 from mlwe.store.bench import bulk_load, synthetic_workloads
 from mlwe.store.recovery import RecoveryError, StoreWriter, attach, recover
@@ -220,6 +221,70 @@ def test_a_flush_that_fails_is_written_by_the_next_one(repo: Repository, monkeyp
     monkeypatch.setattr(repo, "write", real_write)
     assert cp.apply([Submit(job("b", cpu=1, memory="1Gi"))], cause_id="r2").accepted
     writer.flush()
+    assert_same(cp, recover(repo, ManualClock(clock.now())))
+
+
+def stored_rows(repo: Repository) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The stored transitions (workload, step, target) and decisions (seq, kind, workload)."""
+    with repo.transaction() as c:
+        t = S.transitions.c
+        trs = c.execute(select(t.workload_id, t.step, t.target).order_by(t.id)).all()
+        d = S.decisions.c
+        decs = c.execute(select(d.seq, d.kind, d.workload).order_by(d.seq)).all()
+    return [tuple(r) for r in trs], [tuple(r) for r in decs]
+
+
+def test_a_flush_after_a_rolled_back_batch_writes_nothing_of_it(repo: Repository) -> None:
+    cp, clock = cluster(cpu_node("c1"))
+    writer = attach(repo, cp, sync=True)
+    before = stored_rows(repo)
+    assert cp.apply([Submit(job("kept", cpu=1, memory="1Gi"))], cause_id="r1").accepted
+    priority = cp.get("kept").priority
+    sp = cp.savepoint()
+    assert cp.apply([Submit(job("undone", cpu=1, memory="1Gi"))], cause_id="r2").accepted
+    assert cp.apply([SetPriority("kept", priority + 20)], cause_id="r3").accepted
+    assert not cp.apply([Cancel("nobody")], cause_id="r4").accepted  # a rejection record
+    cp.rollback_to(sp)
+    writer.flush()
+    assert stored_rows(repo) == (before[0] + [("kept", 0, "pending")], before[1])
+    stored = recover(repo, ManualClock(clock.now()))
+    assert set(stored.workloads) == {"kept"} and stored.get("kept").priority == priority
+    assert_same(cp, stored)
+
+
+def test_the_writer_stores_a_batch_applied_with_no_listener_registered(
+    repo: Repository,
+) -> None:
+    cp, clock = cluster(cpu_node("c1"))
+    writer = attach(repo, cp, sync=True)
+    assert cp.listeners == [] and cp.decision_listeners == []  # it reads the effects
+    assert cp.apply([Submit(job("a", cpu=1, memory="1Gi"))]).accepted
+    writer.flush()
+    # no lifecycle transition, no decision: only the effects record says "a" changed
+    assert cp.apply([SetPriority("a", 90)]).accepted
+    assert writer.pending()
+    writer.flush()
+    assert not writer.pending()
+    assert recover(repo, ManualClock(clock.now())).get("a").priority == 90
+
+
+def test_the_reconciler_reading_the_effects_takes_nothing_from_the_writer(
+    repo: Repository,
+) -> None:
+    cp, clock = cluster(cpu_node("c1"))
+    writer = attach(repo, cp, sync=True)
+    before = stored_rows(repo)
+    rec = Reconciler(cp, Scheduler())
+    assert cp.apply([Submit(job("a", cpu=1, memory="1Gi"))], cause_id="r1").accepted
+    assert not cp.apply([Cancel("nobody")], cause_id="r2").accepted
+    cmds = rec.step()  # takes the submission's effects, places and starts "a"
+    assert [c.workload for c in cmds] == ["a"] and cp.take_effects() == ()
+    writer.flush()
+    seq = before[1][-1][0] if before[1] else 0
+    assert stored_rows(repo) == (
+        before[0] + [("a", 0, "pending"), ("a", 1, "admitted"), ("a", 2, "starting")],
+        before[1] + [(seq + 1, "reject", "nobody"), (seq + 2, "place", "a")],
+    )
     assert_same(cp, recover(repo, ManualClock(clock.now())))
 
 

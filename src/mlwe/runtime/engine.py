@@ -342,13 +342,14 @@ class Engine(RequestDoors):
         return f"the store is unavailable, nothing was kept: {db._describe(exc)}"
 
     def _marks(self) -> tuple[Any, ...]:
-        # what the reconciler is owed needs no mark: it is read from the control plane's
-        # effects, which rollback_to takes back with the batches
-        return (self.writer.mark(), self._decisions_noted, self.reconciler.dirty)
+        # what the reconciler is owed and what the store writer writes need no mark: both
+        # are read from the control plane's effects, which rollback_to takes back with the
+        # batches; the audit records queued for the requests are the writer's own
+        return (self.writer.audit_mark(), self._decisions_noted, self.reconciler.dirty)
 
     def _reset(self, marks: tuple[Any, ...]) -> None:
-        writer, noted, dirty = marks
-        self.writer.reset(writer)
+        audit, noted, dirty = marks
+        self.writer.drop_audit_after(audit)
         self.reconciler.dirty = dirty
         for _ in range(min(self._decisions_noted - noted, len(self.recent_decisions))):
             self.recent_decisions.pop()

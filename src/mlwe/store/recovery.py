@@ -10,47 +10,48 @@ stops a start); without it (tools, tests) nothing is loaded and
 :class:`RecoveryError` says what is wrong.
 
 :func:`attach` connects a control plane to the store through a
-:class:`StoreWriter`. The writer collects, per applied batch, the transitions
-(a ``listeners`` entry), the workloads, nodes and queues each accepted batch
-touched, the decision records, and the audit records queued with
-:meth:`StoreWriter.note_audit`; :meth:`StoreWriter.flush` writes all of it in
-ONE transaction (nodes, queues, workload rows and changed specs, transitions,
-decisions, version, and with an :class:`AuditLog` the audit chain's entries).
+:class:`StoreWriter`. The writer follows the control plane's effects log
+(``ControlPlane.effects``, reader ``"store"``): at each flush it reads the
+records of every batch applied since the last one, whoever applied it and from
+whatever thread (their transitions, the workloads, nodes and queues they
+changed, including batches with no lifecycle transition such as progress
+reports or priority changes, and the decision records, also those filed
+outside a batch), adds the audit records queued with
+:meth:`StoreWriter.note_audit`, and writes all of it in ONE transaction
+(nodes, queues, workload rows and changed specs, transitions, decisions,
+version, and with an :class:`AuditLog` the audit chain's entries). Only once
+that transaction has committed does it mark those records read. It registers
+no listener; a control plane has at most one writer.
 
 **Acknowledged = flushed.** The runtime calls ``flush()`` after each ``apply``
 (or after a group of them) and acknowledges a submission, or any other
 request, only once the flush that covers it has returned. A crash before that
 loses only what was never acknowledged.
 
-To see every accepted batch that changed state, including those with no
-lifecycle transition (progress reports, priority changes, node and queue
-changes), the writer registers on that one control plane's hooks: its
-``batch_listeners`` (each such batch, with its actions and result), its
-``listeners`` (transitions) and its ``decision_listeners`` (a control plane
-without them has its ``decisions`` list read at each flush instead). Nothing
-is wrapped or patched; a control plane has at most one writer.
+Batches undone by ``ControlPlane.rollback_to`` (requests the store could not
+take) leave the effects log with their records, so the writer has nothing of
+them to forget; only the audit records it queued for them are its own to drop
+(:meth:`StoreWriter.audit_mark`, :meth:`StoreWriter.drop_audit_after`).
 """
 
 from __future__ import annotations
 
 import gc
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlwe.core.actions import (
-    AddNode,
-    Preempt,
-    SetNodeStatus,
-    SetQueue,
-    SetResources,
-    Submit,
-)
+from mlwe.core.actions import AddNode, SetNodeStatus, SetQueue
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
 from mlwe.core.cluster import node_spec_of
-from mlwe.core.controlplane import ApplyResult, ControlPlane, InvariantViolation
+from mlwe.core.controlplane import (
+    ApplyResult,
+    Changed,
+    ControlPlane,
+    Effects,
+    InvariantViolation,
+)
 from mlwe.core.decisions import DecisionRecord
 from mlwe.core.lifecycle import Transition
 from mlwe.core.model import Workload
@@ -161,12 +162,13 @@ def _must(result: ApplyResult, what: str) -> None:
 
 
 # ==================================================================== writer
-#: control planes a StoreWriter follows (one writer each)
-_FOLLOWED: weakref.WeakSet[ControlPlane] = weakref.WeakSet()
+#: The writer's reader of ``ControlPlane.effects``: a control plane has at most one writer.
+STORE_READER = "store"
 
 
 class StoreWriter:
-    """Buffers what a control plane changes and writes it in one transaction per flush."""
+    """Writes what a control plane changed, read from its effects log, in one
+    transaction per flush (see the module docstring)."""
 
     def __init__(
         self,
@@ -182,27 +184,20 @@ class StoreWriter:
         #: :meth:`note_audit` is chained in the SAME transaction as the state it
         #: explains: nothing is durable without its audit record, and vice versa.
         self.audit = audit
+        #: Audit records queued by :meth:`note_audit`: the writer's own buffer (they
+        #: are not control-plane effects).
         self._audit_records: list[dict[str, Any]] = []
         #: The audit entries the last flush wrote (for the live audit stream).
         self.last_audit: list[AuditEntry] = []
         #: The transitions the last flush wrote, in order (for the live state stream).
         self.last_transitions: list[tuple[Workload, Transition]] = []
         self.cp: ControlPlane | None = None
-        self._transitions: list[tuple[Workload, int, Transition]] = []
-        self._dirty: dict[str, None] = {}
-        self._nodes_added: dict[str, NodeSpec] = {}
-        self._node_status: dict[str, None] = {}
-        self._queues: dict[str, None] = {}
-        self._specs: dict[str, None] = {}  # workloads whose spec changed (SetResources)
-        self._decisions: list[DecisionRecord] = []
-        self._decisions_seen = 0  # of cp.decisions, when it keeps them itself
         self._stored_version: int | None = None
-        self._poll_decisions = True
         self.flushes = 0
 
     # ---------------------------------------------------------------- wiring
     def attach(self, cp: ControlPlane, *, sync: bool = False) -> StoreWriter:
-        """Start following ``cp``. ``sync``: first store everything it already holds.
+        """Start following ``cp``'s effects. ``sync``: first store everything it holds.
 
         Use ``sync=True`` for a control plane built outside the store (nodes
         added, workloads submitted before attaching); a control plane from
@@ -210,64 +205,15 @@ class StoreWriter:
         """
         if self.cp is not None:
             raise RuntimeError("this writer already follows a control plane")
-        if cp in _FOLLOWED:
+        if cp.effects.follows(STORE_READER):
             raise RuntimeError("this control plane already has a store writer")
+        cp.effects.follow(STORE_READER)
         self.cp = cp
-        cp.listeners.append(self._on_transition)
-        cp.batch_listeners.append(self._note)
-        _FOLLOWED.add(cp)
-        listeners = getattr(cp, "decision_listeners", None)
-        self._poll_decisions = listeners is None
-        if listeners is not None:
-            listeners.append(self._on_decision)
-        self._decisions_seen = len(cp.decisions)
         if sync:
             self.sync()
         else:
             self._stored_version = cp.version
         return self
-
-    def _on_decision(self, rec: DecisionRecord) -> None:
-        self._decisions.append(rec)
-
-    def _poll(self, cp: ControlPlane) -> None:
-        # control planes without decision listeners keep their records in cp.decisions
-        if self._poll_decisions and len(cp.decisions) > self._decisions_seen:
-            self._decisions.extend(cp.decisions[self._decisions_seen :])
-            self._decisions_seen = len(cp.decisions)
-
-    def _on_transition(self, w: Workload, tr: Transition) -> None:
-        h = w.history
-        step = len(h) - 1
-        while step >= 0 and h[step] is not tr:  # a batch may give one workload several
-            step -= 1
-        if step < 0:
-            raise RuntimeError(f"transition of {w.id} is not in its history")
-        self._transitions.append((w, step, tr))
-        self._dirty[w.id] = None
-
-    def _note(self, actions: Any, result: ApplyResult) -> None:
-        for wid in result.created:
-            self._dirty[wid] = None
-        for a in actions:
-            if isinstance(a, Submit):
-                continue
-            if isinstance(a, Preempt):
-                self._dirty[a.victim] = None
-                self._dirty[a.preemptor] = None
-            elif isinstance(a, AddNode):
-                self._nodes_added[a.spec.name] = a.spec
-            elif isinstance(a, SetNodeStatus):
-                self._node_status[a.node] = None
-            elif isinstance(a, SetQueue):
-                self._queues[a.spec.name] = None
-            elif isinstance(a, SetResources):
-                self._dirty[a.workload] = None
-                self._specs[a.workload] = None  # the spec column changes too
-            else:
-                subject = getattr(a, "workload", None)
-                if isinstance(subject, str):
-                    self._dirty[subject] = None
 
     def note_audit(
         self,
@@ -286,39 +232,22 @@ class StoreWriter:
              "correlation_id": correlation_id}
         )
 
-    # ----------------------------------------------------------------- marks
-    def mark(self) -> tuple[Any, ...]:
-        """What is buffered now; :meth:`reset` drops whatever was buffered after it
-        (the runtime does when it rolls back batches the store could not take)."""
-        self._poll(self._cp())
-        return (
-            len(self._transitions), len(self._decisions), len(self._audit_records),
-            dict(self._dirty), dict(self._nodes_added), dict(self._node_status),
-            dict(self._queues), dict(self._specs), self._decisions_seen,
-        )
+    def audit_mark(self) -> int:
+        """How many audit records are queued now; :meth:`drop_audit_after` drops those
+        queued after it (the runtime does, with the batches it rolls back: what the
+        batches changed leaves the control plane's effects with them)."""
+        return len(self._audit_records)
 
-    def reset(self, mark: tuple[Any, ...]) -> None:
-        (transitions, decisions, records, dirty, added, status, queues, specs, seen) = mark
-        del self._transitions[transitions:]
-        del self._decisions[decisions:]
-        del self._audit_records[records:]
-        self._dirty, self._nodes_added, self._node_status = dict(dirty), dict(added), dict(status)
-        self._queues, self._specs = dict(queues), dict(specs)
-        self._decisions_seen = min(self._decisions_seen, seen)
+    def drop_audit_after(self, mark: int) -> None:
+        del self._audit_records[mark:]
 
     # ----------------------------------------------------------------- state
     def pending(self) -> bool:
         """Whether anything applied is not yet durable."""
         cp = self._cp()
         return bool(
-            self._transitions
-            or self._dirty
-            or self._nodes_added
-            or self._node_status
-            or self._queues
-            or self._decisions
+            cp.effects.has_unread(STORE_READER)
             or self._audit_records
-            or (self._poll_decisions and len(cp.decisions) > self._decisions_seen)
             or cp.version != self._stored_version
         )
 
@@ -337,26 +266,27 @@ class StoreWriter:
         runs in the same transaction (e.g. marking a bus event processed).
         """
         cp = self._cp()
-        self._poll(cp)
         self.last_audit = []
         self.last_transitions = []
         if not self.pending() and extra is None:
             return 0
-        for d in self._decisions:
+        upto = cp.effects.end
+        w = _Writes.of(cp.effects.unread(STORE_READER))
+        dirty = w.workloads
+        for d in w.decisions:
             if d.workload in cp.workloads:  # e.g. a changed pending reason
-                self._dirty[d.workload] = None
-        new_ids = {w.id for w, step, _ in self._transitions if step == 0}
+                dirty[d.workload] = None
+        new_ids = {wid for wid, step, _ in w.transitions if step == 0}
         wl = cp.workloads
-        touched = [wl[i] for i in self._dirty if i in wl]
-        new = [w for w in touched if w.id in new_ids]
-        old = [w for w in touched if w.id not in new_ids]
-        respecified = [wl[i] for i in self._specs if i in wl and i not in new_ids]
-        flushed = list(self._transitions)
-        transitions = [(w.id, step, tr) for w, step, tr in flushed]
-        decisions = list(self._decisions)
-        nodes_added = dict(self._nodes_added)
-        node_status = list(self._node_status)
-        queues = list(self._queues)
+        touched = [wl[i] for i in dirty if i in wl]
+        new = [x for x in touched if x.id in new_ids]
+        old = [x for x in touched if x.id not in new_ids]
+        respecified = [wl[i] for i in w.respecified if i in wl and i not in new_ids]
+        transitions = w.transitions
+        decisions = w.decisions
+        nodes_added = w.nodes_added
+        node_status = w.node_status
+        queues = w.queues
         version = cp.version
         repo = self.repo
         audit = self.audit
@@ -395,15 +325,9 @@ class StoreWriter:
         repo.write(go)
         # only now is it durable: forget exactly what was written
         self.last_audit = list(written)
-        self.last_transitions = [(w, tr) for w, _, tr in flushed]
+        self.last_transitions = [(c.workload, c.transition) for c in w.changed]
         del self._audit_records[: len(records)]
-        del self._transitions[: len(transitions)]
-        del self._decisions[: len(decisions)]
-        self._dirty.clear()
-        self._specs.clear()
-        self._nodes_added.clear()
-        self._node_status.clear()
-        self._queues.clear()
+        cp.effects.mark_read(STORE_READER, upto)
         self._stored_version = version
         self.flushes += 1
         return len(touched)
@@ -414,9 +338,12 @@ class StoreWriter:
         nodes = [node_spec_of(cp, info.name) for info in cp.capacity.nodes()]
         queues = [q.spec for q in cp.queues.values()]
         workloads = list(cp.workloads.values())
-        self._poll(cp)
-        # what the control plane kept (also from before attaching) and what was buffered
-        decisions = list({d.seq: d for d in [*cp.decisions, *self._decisions]}.values())
+        upto = cp.effects.end
+        unread = _Writes.of(cp.effects.unread(STORE_READER))
+        # what the control plane kept (also from before attaching) and what was not written
+        decisions = list({d.seq: d for d in [*cp.decisions, *unread.decisions]}.values())
+        # a stored workload keeps its stored spec through insert_workloads
+        respecified = [cp.workloads[i] for i in unread.respecified if i in cp.workloads]
         version = cp.version
         repo = self.repo
 
@@ -424,18 +351,55 @@ class StoreWriter:
             repo.save_cluster(nodes, queues, conn=c)
             repo.insert_workloads(workloads, version=version, conn=c)
             repo.save_workload_states(workloads, version, conn=c)
+            repo.update_specs(respecified, conn=c)
             repo.append_decisions(decisions, conn=c)
             repo.meta_set("version", str(version), conn=c)
 
         repo.write(go)
-        self._transitions.clear()
-        self._decisions.clear()
-        self._decisions_seen = len(cp.decisions)
-        self._dirty.clear()
-        self._nodes_added.clear()
-        self._node_status.clear()
-        self._queues.clear()
+        cp.effects.mark_read(STORE_READER, upto)
         self._stored_version = version
+
+
+@dataclass
+class _Writes:
+    """What a flush writes, gathered from the effects records it has not written yet."""
+
+    changed: list[Changed]
+    transitions: list[tuple[str, int, Transition]]  # workload, its history step, transition
+    workloads: dict[str, None]  # ids of the workload records to write, in order
+    nodes_added: dict[str, NodeSpec]
+    node_status: dict[str, None]
+    queues: dict[str, None]
+    respecified: dict[str, None]
+    decisions: list[DecisionRecord]
+
+    @classmethod
+    def of(cls, effects: Sequence[Effects]) -> _Writes:
+        w = cls([], [], {}, {}, {}, {}, {}, [])
+        for e in effects:
+            for c in e.transitions:
+                w.changed.append(c)
+                w.transitions.append((c.workload.id, _step(c), c.transition))
+            w.workloads.update(dict.fromkeys(e.workloads))
+            for spec in e.nodes_added:
+                w.nodes_added[spec.name] = spec
+            w.node_status.update(dict.fromkeys(e.node_status))
+            w.queues.update(dict.fromkeys(e.queues))
+            w.respecified.update(dict.fromkeys(e.respecified))
+            w.decisions += e.decisions
+        return w
+
+
+def _step(c: Changed) -> int:
+    """The transition's position in its workload's history (a batch may give one
+    workload several; later batches may have added more)."""
+    h = c.workload.history
+    step = len(h) - 1
+    while step >= 0 and h[step] is not c.transition:
+        step -= 1
+    if step < 0:
+        raise RuntimeError(f"transition of {c.workload.id} is not in its history")
+    return step
 
 
 def attach(

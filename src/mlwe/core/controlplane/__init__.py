@@ -16,12 +16,13 @@ lifecycle transitions, in order), and an :class:`Effects` record (those
 transitions, the workloads, nodes and queues it changed, the decision records
 filed with it) in ``ControlPlane.effects``, an :class:`EffectsLog` that keeps
 every batch's record, whoever applied it, for each reader that follows it,
-with a cursor of its own (the reconciler, through
-:meth:`ControlPlane.take_effects`: what is owed to the backend). A decision
-record filed outside a batch (a rejection, a changed pending reason) is a
-record of its own. A batch undone by :meth:`ControlPlane.rollback_to` is gone
-from the log for every reader. ``listeners`` remain for observers that need a
-push (the store writer, monitors, metrics).
+with a cursor of its own: the reconciler (through
+:meth:`ControlPlane.take_effects`: what is owed to the backend) and the store
+writer (:class:`mlwe.store.recovery.StoreWriter`: what to write at a flush). A
+decision record filed outside a batch (a rejection, a changed pending reason)
+is a record of its own. A batch undone by :meth:`ControlPlane.rollback_to` is
+gone from the log for every reader. ``listeners`` and ``decision_listeners``
+remain for observers that need a push (monitors, metrics, recent decisions).
 """
 
 

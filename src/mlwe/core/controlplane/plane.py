@@ -173,11 +173,8 @@ class ControlPlane(WorkloadHandlers, FactHandlers, ClusterHandlers, Restore):
         if self.effects.followed:
             self.effects.append(
                 batch_effects(self.version, actions, changed, txn.created, tuple(filed)))
-        result = ApplyResult(True, self.version, (), False, tuple(txn.ignored), tuple(txn.created),
-                             changed)
-        for batch_listener in self.batch_listeners:
-            batch_listener(actions, result)
-        return result
+        return ApplyResult(True, self.version, (), False, tuple(txn.ignored), tuple(txn.created),
+                           changed)
 
     def _apply_one(self, txn: _Txn, a: Action, cause_id: str | None) -> list[str]:
         if isinstance(a, Submit):

@@ -5,13 +5,10 @@ shared rules."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from mlwe.core.actions import (
-    Action,
-    subject,
-)
+from mlwe.core.actions import subject
 from mlwe.core.capacity import FULL, CapacityIndex, NodeInfo, ReplicaAlloc
 from mlwe.core.catalog import DEFAULT_CATALOG, GpuCatalog
 from mlwe.core.clock import Clock
@@ -119,16 +116,14 @@ class PlaneState:
         self.holding_epoch = 0
         self.decisions: list[DecisionRecord] = []
         #: Called after each applied batch, once per state transition in it (in order):
-        #: observers that need a push (the store writer, the agent's monitor, metrics).
-        #: What is owed to the backend is not read here but from :attr:`effects`.
+        #: observers that need a push (the agent's monitor, metrics, history). What is
+        #: owed to the backend and what is to be stored are read from :attr:`effects`.
         self.listeners: list[Callable[[Workload, Transition], None]] = []
-        #: Called with every stamped decision record (the store, the audit log, streams).
+        #: Called with every stamped decision record: observers (recent decisions);
+        #: the store reads them from :attr:`effects`.
         self.decision_listeners: list[Callable[[DecisionRecord], None]] = []
-        #: Called after every applied batch that changed state, with its actions and
-        #: result (the store persists what changed beyond lifecycle transitions).
-        self.batch_listeners: list[Callable[[Sequence[Action], ApplyResult], None]] = []
         #: What each applied batch did, and the decision records filed outside batches,
-        #: kept for each reader that follows it (the reconciler).
+        #: kept for each reader that follows it (the reconciler, the store writer).
         self.effects = EffectsLog()
         #: The decision records filed by the batch being committed (None outside one).
         self._batch_decisions: list[DecisionRecord] | None = None
@@ -187,9 +182,8 @@ class PlaneState:
         """Undo every batch applied since ``sp``, newest first, and close it.
 
         Their effects (and the decision records filed since) are dropped from
-        :attr:`effects` for every reader. Listeners have seen those batches:
-        whoever buffered what they said (the store writer) rolls its buffers
-        back too."""
+        :attr:`effects` for every reader. Push listeners have seen those batches:
+        an observer that keeps what they said rolls it back itself."""
         if self._savepoint is not sp:
             raise RuntimeError("not the open savepoint")
         for undo in reversed(sp.undo):
