@@ -6,8 +6,7 @@ run times (learned, or the user's), against what the eviction costs.
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from mlwe.core.capacity import CapacityIndex, Shape
 from mlwe.core.controlplane import ControlPlane
@@ -36,9 +35,10 @@ def expected_left(
     return r if r is not None else max(attained(x, now), prior_s)
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """What a gain search reads of one holder it may consider as a victim."""
+class Candidate(NamedTuple):
+    """What a gain search reads of one holder it may consider as a victim (a named
+    tuple: one is built per holder per cycle, and a frozen dataclass costs several
+    times as much to build)."""
 
     id: str
     #: expected remaining run time, and what evicting it now costs (seconds)
@@ -126,13 +126,14 @@ def could_gain(
     wake = INF
     freed: dict[str, int] = {}
     for c in candidates:
-        if c.id in taken:
-            continue
+        left = c.left
+        if not (left >= floor and left > r_p + c.cost) or c.id in taken:
+            continue  # the test first: it turns most candidates away, and costs nothing
         seen = [
             (node, gpu) for node, gpu in c.held
             if node in nodes and node not in exclude and fork.status(node) is NodeStatus.READY
         ]
-        if not seen or not (c.left >= floor and c.left > r_p + c.cost):
+        if not seen:
             continue
         if c.loss > budget * c.wait:  # evicting now loses too much: wait for its checkpoint
             wake = min(wake, now + c.wait + 1e-6)
