@@ -375,7 +375,7 @@ class RuntimeEstimator:
     def note_submitted(self, w: Workload) -> None:
         """Remember the prediction made when ``w`` arrived (for the error figures)."""
         if w.id not in self._at_submit:
-            e = self._estimate(w.spec, 0.0)
+            e = self._predict(w.spec, 0.0, self.keys_for(w))[0]  # keys kept per workload
             self._at_submit[w.id] = None if e is None or e.source == "user" else e.total_s
 
     def note_completed(self, w: Workload, run_s: float) -> None:
