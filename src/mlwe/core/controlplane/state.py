@@ -223,7 +223,7 @@ class PlaneState:
     def record(self, rec: DecisionRecord) -> DecisionRecord:
         """Stamp and store a decision record (sequence, time, version)."""
         self._decision_seq += 1
-        stamped = replace(rec, time=self.clock.now(), version=self.version, seq=self._decision_seq)
+        stamped = rec.stamped(self.clock.now(), self.version, self._decision_seq)
         if self._sink is not None:
             self._sink(stamped)
         else:

@@ -99,19 +99,7 @@ class WorkloadHandlers(PlaneState):
         if reasons:
             return reasons
         replicas = a.replicas
-        # capacity: check replica by replica on the live index (earlier replicas of this
-        # batch are already allocated, so two replicas can never share the same space)
-        probed: list[ReplicaAlloc] = []
-        problems: list[str] = []
-        for k, r in enumerate(replicas):
-            problems = [f"replica {k}: {p}" for p in self.capacity.check(r)]
-            if problems:
-                break
-            self.capacity.allocate(r)
-            probed.append(r)
-        # give the probe allocations back; _hold re-does them with bookkeeping
-        for r in reversed(probed):
-            self.capacity.release(r)
+        problems = self._capacity_problems(replicas)
         if problems:
             return problems
         quota_reasons, borrowing = self._quota_check(w, replicas)
@@ -126,6 +114,25 @@ class WorkloadHandlers(PlaneState):
         self._set(txn, w, "victims", ())
         self._set(txn, w, "pending_reason", "")
         return []
+
+    def _capacity_problems(self, replicas: tuple[ReplicaAlloc, ...]) -> list[str]:
+        """Why ``replicas`` do not fit the live index's free capacity (empty: they do).
+        Several are checked replica by replica, each probe allocated before the next
+        is checked (two replicas can never share the same space) and all given back
+        (``_hold`` takes them with its bookkeeping); one is checked as it is."""
+        if len(replicas) == 1:
+            return [f"replica 0: {p}" for p in self.capacity.check(replicas[0])]
+        probed: list[ReplicaAlloc] = []
+        problems: list[str] = []
+        for k, r in enumerate(replicas):
+            problems = [f"replica {k}: {p}" for p in self.capacity.check(r)]
+            if problems:
+                break
+            self.capacity.allocate(r)
+            probed.append(r)
+        for r in reversed(probed):
+            self.capacity.release(r)
+        return problems
 
     def _quota_check(
         self, w: Workload, replicas: tuple[ReplicaAlloc, ...]

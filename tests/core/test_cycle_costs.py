@@ -1,4 +1,5 @@
-"""The capacity index's forks and kept lists, and the cycle's hold on the cyclic GC.
+"""What keeps a cycle cheap changes nothing it decides: the capacity index's forks
+and kept lists, the cycle's hold on the cyclic GC, the decision record's stamp.
 
 A fork is what every policy decides on: what it changes must never reach the
 index it came from, however cheaply it was made (status table shared until the
@@ -82,3 +83,22 @@ def test_a_cycle_holds_off_the_cyclic_gc_and_gives_back_what_it_found() -> None:
 
 def _whole_node_shape() -> Shape:
     return Shape(gpu=8000, cpu=8000, ram=1024, vram=None, models=(A100,))
+
+
+def test_a_stamped_decision_record_is_replace_with_its_stamp_and_keeps_every_field() -> None:
+    from dataclasses import fields, replace
+
+    from mlwe.core.decisions import DecisionRecord
+
+    # every field set to a value that differs from its default, so a field the
+    # stamp forgot (or a new one it does not know) shows as a difference
+    rec = DecisionRecord(
+        kind="place", workload="w-1", policy="mlwe/best-fit", chosen="n1,n2",
+        reasons=("placed", "rank 1/3"), candidates=("A100-80GB",), inputs_digest="ab12",
+        cause_id="cause-9", time=1.5, version=4, seq=7, extra={"gain_gpu_s": 1.0},
+    )
+    assert {f.name for f in fields(DecisionRecord)} == {
+        "kind", "workload", "policy", "chosen", "reasons", "candidates", "inputs_digest",
+        "cause_id", "time", "version", "seq", "extra",
+    }
+    assert rec.stamped(9.25, 12, 40) == replace(rec, time=9.25, version=12, seq=40)
