@@ -32,19 +32,12 @@ from mlwe.core.cluster import build_control_plane
 from mlwe.core.controlplane import ControlPlane
 from mlwe.core.lifecycle import State
 from mlwe.core.scheduler import Scheduler, SchedulerConfig
-from mlwe.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
+from mlwe.core.spec import ClusterSpec, NodeSpec
 from tests.agent.standin_models import Reply, StandInGemini, StandInOpenAI
-from tests.core.builders import A100
+from tests.core.builders import A100, gpu_job
 
 
 # =============================================================== situation
-def spec(wid: str, priority: int, gpu: int = 8) -> WorkloadSpec:
-    return WorkloadSpec.model_validate(
-        {"id": wid, "name": wid, "priority": priority,
-         "resources": {"gpu": gpu, "cpu": 8, "memory": "64Gi"}, "estimated_duration": 3600}
-    )
-
-
 def sla_cluster() -> ControlPlane:
     """One 8-GPU node: a low-priority batch job runs; an urgent fine-tune waits."""
     cp = build_control_plane(
@@ -52,12 +45,12 @@ def sla_cluster() -> ControlPlane:
                            NodeSpec(name="cpu1", cpu=32, memory="128Gi"))),
         ManualClock(0.0),
     )
-    assert cp.apply([Submit(spec("batch", 10))]).accepted
+    assert cp.apply([Submit(gpu_job("batch", priority=10, estimated_duration=3600))]).accepted
     Scheduler(config=SchedulerConfig(preemption=False)).run_cycle(cp)
     w = cp.get("batch")
     assert cp.apply([Start("batch", w.attempt)]).accepted
     assert cp.apply([Started("batch", w.attempt)]).accepted
-    assert cp.apply([Submit(spec("sla-ft", 900))]).accepted
+    assert cp.apply([Submit(gpu_job("sla-ft", priority=900, estimated_duration=3600))]).accepted
     assert cp.get("batch").state is State.RUNNING and cp.get("sla-ft").state is State.PENDING
     return cp
 

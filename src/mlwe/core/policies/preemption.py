@@ -434,7 +434,7 @@ class CheapestVictims:
                 if again is not None:
                     released, fit = trial, again
                     g, c, r = g - hg, c - hc, r - hr
-        return _Candidate(node, released, fit, sum(c for c, _, _ in released), rank)
+        return _Candidate(node, released, fit, sum(cost for cost, _, _ in released), rank)
 
 
 class LowestPriorityVictims(CheapestVictims):
