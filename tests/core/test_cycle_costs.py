@@ -9,11 +9,30 @@ fork changes a status, node lists per tuple of models kept between searches).
 from __future__ import annotations
 
 import gc
+import pickle
+import random
+from typing import Any
 
-from mlwe.core import NodeStatus, Resources
+from mlwe.core import ControlPlane, Exited, NodeStatus, Resources
 from mlwe.core.capacity import CapacityIndex, NodeInfo, Shape
-from mlwe.core.scheduler import no_cyclic_gc
-from tests.core.builders import A100, T4
+from mlwe.core.gain import Candidate, cost_of, expected_left, gain_candidates
+from mlwe.core.lifecycle import State
+from mlwe.core.model import Workload, shape_of
+from mlwe.core.policies.deadline import Remaining
+from mlwe.core.policies.preemption import EVICTABLE
+from mlwe.core.rules import GAIN_MAX_PREEMPTIONS, GAIN_MIN_QUANTUM_S, preemptible
+from mlwe.core.scheduler import SchedulerConfig, default_scheduler, no_cyclic_gc
+from tests.core.builders import (
+    A100,
+    T4,
+    cluster,
+    gpu_job,
+    gpu_node,
+    ok,
+    run_to_running,
+    running_on,
+    submit,
+)
 
 
 def node(name: str, model: str | None) -> NodeInfo:
@@ -102,3 +121,108 @@ def test_a_stamped_decision_record_is_replace_with_its_stamp_and_keeps_every_fie
         "cause_id", "time", "version", "seq", "extra",
     }
     assert rec.stamped(9.25, 12, 40) == replace(rec, time=9.25, version=12, seq=40)
+
+
+# ---------------------------------------------------------------- gain candidates
+def _reference_candidates(
+    cfg: SchedulerConfig, remaining: Remaining, cp: ControlPlane, priority: int, now: float
+) -> list[Candidate]:
+    """gain_candidates as the rules state it, one model method per field (what the
+    inlined loop must equal, field for field)."""
+    out = []
+    for wid in dict.fromkeys(w for ids in cp.on_node.values() for w in ids):
+        v = cp.workloads[wid]
+        if (
+            v.priority != priority
+            or v.state not in EVICTABLE
+            or v.preemptions >= GAIN_MAX_PREEMPTIONS
+            or v.started_at is None
+            or now - v.started_at < GAIN_MIN_QUANTUM_S
+        ):
+            continue
+        iv = v.spec.checkpoint_interval
+        since = v.work_at_risk(now) if iv else 0.0
+        out.append(Candidate(
+            id=wid,
+            left=expected_left(remaining, v, now, cfg.gain_prior_s),
+            cost=cost_of(v, now),
+            loss=max(v.gpus(), 1e-3) * since if iv else 0.0,
+            wait=max(0.0, iv + v.spec.checkpoint_cost - since) if iv else 0.0,
+            evictable=preemptible(v, now) is None,
+            held=tuple((a.node, a.res.gpu) for a in v.placement),
+        ))
+    return out
+
+
+def test_gain_candidates_are_the_rules_field_for_field() -> None:
+    rng = random.Random(7)
+    cp, clock = cluster(*(gpu_node(f"n{i}", gpus=8) for i in range(8)))
+    specs = []
+    for i in range(48):
+        kw: dict[str, Any] = {"priority": rng.choice([50, 50, 60])}
+        if rng.random() < 0.6:
+            kw["checkpoint_interval"] = rng.choice([300.0, 1800.0, 7.5])
+            kw["checkpoint_cost"] = rng.choice([0.0, 20.0])
+        if rng.random() < 0.5:
+            kw["estimated_duration"] = rng.uniform(100, 20_000)
+        kw["restart_cost"] = rng.choice([0.0, 60.0])
+        kw["protected"] = rng.random() < 0.1
+        kw["min_runtime"] = rng.choice([0.0, 0.0, 3000.0])
+        kw["min_progress"] = rng.choice([0.0, 0.0, 0.5])
+        specs.append(gpu_job(f"w{i}", gpu=rng.choice([1, 1, 2]), **kw))
+    submit(cp, *specs)
+    sched = default_scheduler()
+    for _ in range(4):
+        ok(sched.run_cycle(cp))
+        run_to_running(cp, [w.id for w in cp.workloads.values() if w.state is State.ADMITTED])
+        clock.advance(rng.uniform(100, 900))
+    holders = [cp.workloads[w] for w in cp.holder_ids()]
+    assert len(holders) > 20
+    for v in holders:  # what earlier runs and reports would have left behind
+        v.run_base_work = rng.choice([0.0, 0.0, rng.uniform(10, 500)])
+        v.work_done = max(v.run_base_work, rng.choice([0.0, rng.uniform(0, 900)]))
+        v.last_checkpoint_at = rng.choice([None, (v.started_at or 0.0) + rng.uniform(0, 3000)])
+        v.progress = rng.choice([0.0, 0.3, 0.7])
+        v.preemptions = rng.choice([0, 1, GAIN_MAX_PREEMPTIONS])
+    cfg = SchedulerConfig(gain_preemption=True)
+
+    def user_only(w: Workload, now: float) -> float | None:
+        return w.remaining_estimate(now)
+
+    for step in range(30):
+        now = clock.now() + step * 97.3
+        for remaining in (user_only, sched.remaining):
+            for priority in (50, 60):
+                got = gain_candidates(cfg, remaining, cp, priority, now)
+                assert got == _reference_candidates(cfg, remaining, cp, priority, now)
+    assert any(c.loss for c in got) and any(not c.evictable for c in got)
+
+
+def test_holder_ids_are_kept_until_holding_changes() -> None:
+    cp, _ = cluster(gpu_node("n0", gpus=8), gpu_node("n1", gpus=8))
+    running_on(cp, gpu_job("a", gpu=2), "n1")
+    running_on(cp, gpu_job("b", gpu=2), "n0")
+    first = cp.holder_ids()
+    assert first == ("b", "a")  # node order, then arrival on the node
+    assert cp.holder_ids() is first  # kept while nobody takes or gives back
+    running_on(cp, gpu_job("c", gpu=2), "n0")
+    assert cp.holder_ids() == ("b", "c", "a")
+    ok(cp.apply([Exited("b", cp.get("b").attempt, 0)]))
+    assert cp.holder_ids() == ("c", "a")
+
+
+# ----------------------------------------------------------------------- shapes
+def test_equal_shapes_are_one_object_with_the_hash_of_their_fields() -> None:
+    a, b = gpu_job("a", gpu=2), gpu_job("b", gpu=2)
+    sa, sb = shape_of(a, ("T4",)), shape_of(b, ("T4",))
+    assert sa is sb
+    fields = (sa.gpu, sa.cpu, sa.ram, sa.vram, sa.models, sa.selector, sa.per_node,
+              sa.max_per_node, sa.gang_placement)
+    assert hash(sa) == hash(fields)
+    assert shape_of(gpu_job("c", gpu=4), ("T4",)) != sa
+    # a pickled shape is rebuilt from its fields: a stored hash would be another
+    # process's (string hashes differ from process to process)
+    object.__setattr__(sa, "_hash", 12345)
+    back = pickle.loads(pickle.dumps(sa))
+    assert back == sa and hash(back) == hash(fields)
+    object.__setattr__(sa, "_hash", hash(fields))

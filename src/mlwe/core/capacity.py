@@ -65,6 +65,25 @@ class Shape:
     per_node: int = 0
     max_per_node: int = 0
     gang_placement: str = ""
+    #: the hash, computed once: shapes key the cycle's memo tables (a generated hash
+    #: would rebuild and hash the tuple of every field on each lookup)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((
+            self.gpu, self.cpu, self.ram, self.vram, self.models, self.selector,
+            self.per_node, self.max_per_node, self.gang_placement,
+        )))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Shape], tuple[object, ...]]:
+        # rebuilt from its fields: a string's hash differs from process to process
+        return Shape, (
+            self.gpu, self.cpu, self.ram, self.vram, self.models, self.selector,
+            self.per_node, self.max_per_node, self.gang_placement,
+        )
 
     @property
     def gang_shaped(self) -> bool:
@@ -230,6 +249,10 @@ class CapacityIndex:
     def free(self, node: str) -> Resources:
         f = self._free[node]
         return Resources(f[0], f[1], f[2], f[3])
+
+    def free_gpu(self, node: str) -> int:
+        """``free(node).gpu`` (thousandths of a GPU), without building the Resources."""
+        return self._free[node][0]
 
     def free_vector(self, node: str) -> tuple[int, int, int, int]:
         """``free(node)`` as a plain tuple (gpu, vram, cpu, ram), for hot loops."""

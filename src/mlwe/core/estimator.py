@@ -273,13 +273,7 @@ class RuntimeEstimator:
             or got[3] is not w.spec
             or (got[1] is not None and got[1].stamp != got[2])
         ):
-            est, used = self._predict(w.spec, attained_s, self.keys_for(w))
-            if est is None:
-                total: float | None = None
-            elif est.source == "history":
-                total = -1.0  # depends on attained service: read the sample
-            else:
-                total = est.total_s
+            total, used = self._basis_of(w.spec, self.keys_for(w))
             if len(self._basis) > 100_000:
                 self._basis.clear()
             got = self._basis[w.id] = (
@@ -296,6 +290,29 @@ class RuntimeEstimator:
             left = len(xs) - i
             total = xs[i + left // 2] if left else 2.0 * attained_s
         return max(0.0, total - attained_s)
+
+    def _basis_of(
+        self, spec: WorkloadSpec, keys: list[tuple[tuple[str, ...], str]]
+    ) -> tuple[float | None, _Sample | None]:
+        """What :meth:`_predict` would base its total on, without building the
+        estimate: the total (None: no estimate; -1.0: the history's, which depends
+        on the attained service) and the sample read (None: none). The same rules
+        in the same order as :meth:`_predict`."""
+        it = _iterations(spec)
+        if it:
+            got = self._best(self._per_iter, keys)
+            if got is not None:
+                return it * got[0].median(), got[0]
+        user = spec.estimated_duration
+        if user:
+            got = self._best(self._ratio, keys)
+            if got is not None:
+                return user * got[0].median(), got[0]
+            return user, None
+        got = self._best(self._durations, keys)
+        if got is None:
+            return None, None
+        return -1.0, got[0]
 
     def _estimate(
         self, spec: WorkloadSpec, a: float, keys: list[tuple[tuple[str, ...], str]] | None = None

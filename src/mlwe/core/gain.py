@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, NamedTuple
 
-from mlwe.core.capacity import CapacityIndex, Shape
+from mlwe.core.capacity import CapacityIndex, ReplicaAlloc, Shape
 from mlwe.core.controlplane import ControlPlane
 from mlwe.core.model import Workload
 from mlwe.core.policies.deadline import INF
 from mlwe.core.policies.ordering import attained
 from mlwe.core.policies.preemption import EVICTABLE, PreemptionPolicy, VictimChoice
 from mlwe.core.resources import format_duration
-from mlwe.core.rules import GAIN_MAX_PREEMPTIONS, GAIN_MIN_QUANTUM_S, preemptible
+from mlwe.core.rules import GAIN_MAX_PREEMPTIONS, GAIN_MIN_QUANTUM_S
 from mlwe.core.spec import NodeStatus
 
 if TYPE_CHECKING:
@@ -68,34 +68,72 @@ def gain_candidates(
     search that cannot find anything is known without scanning nodes
     (:func:`could_gain`)."""
     out: list[Candidate] = []
+    append = out.append
     workloads = cp.workloads
+    prior = cfg.gain_prior_s
     # each holder once, in the order of the nodes it holds on (a gang appears on several)
-    holders = dict.fromkeys(wid for ids in cp.on_node.values() for wid in ids)
-    for wid in holders:
+    for wid in cp.holder_ids():
         v = workloads[wid]
         p = v.priority_override
+        started = v.started_at
         if (
             (v.spec.priority if p is None else p) != priority
             or v.state not in EVICTABLE
             or v.preemptions >= GAIN_MAX_PREEMPTIONS
-            or v.started_at is None
-            or now - v.started_at < GAIN_MIN_QUANTUM_S
+            or started is None
+            or now - started < GAIN_MIN_QUANTUM_S
         ):
             continue
+        # what follows is, inline, v.work_at_risk(now), expected_left(...),
+        # cost_of(v, now) and preemptible(v, now): one holder per call
+        # otherwise costs six calls, and this runs for every holder each cycle
         spec = v.spec
         iv = spec.checkpoint_interval
-        risk = v.work_at_risk(now)
+        restore = spec.restart_cost if v.run_base_work > 0 else 0.0
+        ckpt = v.last_checkpoint_at
+        if iv:
+            begin = started + restore
+            period = iv + spec.checkpoint_cost
+            n = int(max(0.0, now - begin) // period)
+            if n > 0:
+                t = begin + n * period
+                ckpt = t if ckpt is None else max(ckpt, t)
+        risk = max(0.0, now - (ckpt if ckpt is not None else started))
+        left = remaining(v, now)
+        if left is None:
+            done = max(v.work_done, v.run_base_work + max(0.0, now - started - restore))
+            left = max(done, prior)
+        run = max(0.0, now - started)
         since = risk if iv else 0.0
-        out.append(Candidate(
-            id=wid,
-            left=expected_left(remaining, v, now, cfg.gain_prior_s),
-            cost=risk + spec.restart_cost + spec.checkpoint_cost,  # cost_of(v, now)
-            loss=max(v.gpus(), 1e-3) * since if iv else 0.0,
-            wait=max(0.0, iv + spec.checkpoint_cost - since) if iv else 0.0,
-            evictable=preemptible(v, now) is None,
-            held=tuple((a.node, a.res.gpu) for a in v.placement),
+        append(Candidate(
+            wid,
+            left,
+            risk + spec.restart_cost + spec.checkpoint_cost,
+            max(v.gpus(), 1e-3) * since if iv else 0.0,
+            max(0.0, iv + spec.checkpoint_cost - since) if iv else 0.0,
+            not (
+                spec.protected
+                or run < spec.min_runtime
+                or (spec.min_progress > 0 and v.progress < spec.min_progress)
+            ),
+            _held(v),
         ))
     return out
+
+
+#: (placement, what gain tests read of it) per holder: a placement is immutable, so
+#: its summary is kept while the workload holds the same one
+_HELD: dict[str, tuple[tuple[ReplicaAlloc, ...], tuple[tuple[str, int], ...]]] = {}
+
+
+def _held(v: Workload) -> tuple[tuple[str, int], ...]:
+    """``(node, GPU in thousandths)`` per replica of ``v``'s placement."""
+    got = _HELD.get(v.id)
+    if got is None or got[0] is not v.placement:
+        if len(_HELD) > 200_000:
+            _HELD.clear()
+        got = _HELD[v.id] = (v.placement, tuple((a.node, a.res.gpu) for a in v.placement))
+    return got[1]
 
 
 def could_gain(
@@ -142,7 +180,8 @@ def could_gain(
             for node, gpu in seen:
                 freed[node] = freed.get(node, 0) + gpu
     need = shape.gpu
-    return any(fork.free(node).gpu + gpu >= need for node, gpu in freed.items()), wake
+    free_gpu = fork.free_gpu
+    return any(free_gpu(node) + gpu >= need for node, gpu in freed.items()), wake
 
 
 def cost_of(v: Workload, now: float) -> float:

@@ -149,10 +149,15 @@ class Queue:
         return u[0] > n.gpu or u[1] > n.vram or u[2] > n.cpu or u[3] > n.ram
 
 
+#: one instance per distinct shape: equal shapes are then the same object, so the
+#: cycle's memo tables compare them by identity
+_SHAPES: dict[Shape, Shape] = {}
+
+
 def shape_of(spec: WorkloadSpec, models: tuple[str, ...]) -> Shape:
     r = spec.resources
     g = spec.gang
-    return Shape(
+    s = Shape(
         per_node=(g.tasks_per_node or 0) if g is not None else 0,
         max_per_node=(g.max_replicas_per_node or 0) if g is not None else 0,
         gang_placement=g.placement.value if g is not None else "",
@@ -163,3 +168,6 @@ def shape_of(spec: WorkloadSpec, models: tuple[str, ...]) -> Shape:
         models=models if r.gpu else (),
         selector=tuple(sorted(spec.node_selector.items())),
     )
+    if len(_SHAPES) > 100_000:
+        _SHAPES.clear()
+    return _SHAPES.setdefault(s, s)

@@ -206,7 +206,8 @@ class Scheduler:
         return rem
 
     def _remaining(self, w: Workload, now: float) -> float | None:
-        rem = w.remaining_estimate(now)
+        # remaining_estimate is None without the user's estimate (most trace jobs)
+        rem = None if w.spec.estimated_duration is None else w.remaining_estimate(now)
         if rem is None and self.estimator is not None:
             rem = self.estimator.remaining_s(w, attained(w, now))
         return rem

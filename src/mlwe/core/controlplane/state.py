@@ -114,6 +114,7 @@ class PlaneState:
         #: Bumped whenever any workload takes or gives back resources: projections
         #: made at one epoch stay valid until it changes.
         self.holding_epoch = 0
+        self._holder_ids: tuple[int, tuple[str, ...]] = (-1, ())
         self.decisions: list[DecisionRecord] = []
         #: Called after each applied batch, once per state transition in it (in order):
         #: observers that need a push (the agent's monitor, metrics, history). What is
@@ -215,6 +216,16 @@ class PlaneState:
     def holders(self, node: str) -> list[Workload]:
         w = self.workloads
         return [w[i] for i in self.on_node.get(node, ())]
+
+    def holder_ids(self) -> tuple[str, ...]:
+        """Every workload holding resources, once each, in the order of the nodes it
+        holds on (a gang appears on several; its first node places it). Kept until
+        the holding epoch moves: a cycle's projection and its gain search both read it."""
+        got = self._holder_ids
+        if got[0] != self.holding_epoch:
+            ids = tuple(dict.fromkeys(wid for held in self.on_node.values() for wid in held))
+            got = self._holder_ids = (self.holding_epoch, ids)
+        return got[1]
 
     def node_status(self, node: str) -> NodeStatus:
         return self.capacity.status(node)

@@ -132,7 +132,7 @@ def _holder_ends(
     ``grace_s``; the rest after their expected remaining time."""
     heap: list[tuple[float, int, tuple[ReplicaAlloc, ...]]] = []
     assumed = 0
-    for wid in _holders(cp):
+    for wid in cp.holder_ids():
         h = cp.workloads[wid]
         if (
             preemptible_below is not None
@@ -158,15 +158,8 @@ def _may_fit_now(f: CapacityIndex, shape: Shape, replicas: int, freed: set[str])
     and CPU-only work are always tried."""
     if replicas != 1 or not shape.gpu:
         return True
-    return any(f.free(n).gpu >= shape.gpu for n in freed)
-
-
-def _holders(cp: ControlPlane) -> list[str]:
-    seen: dict[str, None] = {}
-    for ids in cp.on_node.values():
-        for wid in ids:
-            seen[wid] = None
-    return list(seen)
+    free_gpu, need = f.free_gpu, shape.gpu
+    return any(free_gpu(n) >= need for n in freed)
 
 
 class DeadlineStatus(enum.StrEnum):
