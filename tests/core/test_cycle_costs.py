@@ -15,7 +15,7 @@ from typing import Any
 
 from mlwe.core import ControlPlane, Exited, NodeStatus, Resources
 from mlwe.core.capacity import CapacityIndex, NodeInfo, Shape
-from mlwe.core.gain import Candidate, cost_of, expected_left, gain_candidates
+from mlwe.core.gain import Candidate, GainPool, cost_of, expected_left
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import Remaining
@@ -127,7 +127,7 @@ def test_a_stamped_decision_record_is_replace_with_its_stamp_and_keeps_every_fie
 def _reference_candidates(
     cfg: SchedulerConfig, remaining: Remaining, cp: ControlPlane, priority: int, now: float
 ) -> list[Candidate]:
-    """gain_candidates as the rules state it, one model method per field (what the
+    """The gain pool's candidates as the rules state them, one model method per field (what the
     inlined loop must equal, field for field)."""
     out = []
     for wid in dict.fromkeys(w for ids in cp.on_node.values() for w in ids):
@@ -154,7 +154,7 @@ def _reference_candidates(
     return out
 
 
-def test_gain_candidates_are_the_rules_field_for_field() -> None:
+def test_gain_pool_candidates_are_the_rules_field_for_field() -> None:
     rng = random.Random(7)
     cp, clock = cluster(*(gpu_node(f"n{i}", gpus=8) for i in range(8)))
     specs = []
@@ -193,8 +193,16 @@ def test_gain_candidates_are_the_rules_field_for_field() -> None:
         now = clock.now() + step * 97.3
         for remaining in (user_only, sched.remaining):
             for priority in (50, 60):
-                got = gain_candidates(cfg, remaining, cp, priority, now)
-                assert got == _reference_candidates(cfg, remaining, cp, priority, now)
+                pool = GainPool(cfg, remaining, cp, priority, now)
+                want = _reference_candidates(cfg, remaining, cp, priority, now)
+                # a search reads the candidates down to its floor, longest first
+                floor = sorted(c.left for c in want)[len(want) // 2] if want else 0.0
+                reached = list(pool.reaching(floor))
+                assert reached == sorted(
+                    (c for c in want if c.left >= floor), key=lambda c: -c.left
+                )
+                got = pool.all()
+                assert got == want
     assert any(c.loss for c in got) and any(not c.evictable for c in got)
 
 

@@ -23,7 +23,7 @@ from mlwe.core.resources import format_gpu
 from mlwe.core.spec import NodeStatus
 
 if TYPE_CHECKING:
-    from mlwe.core.gain import Candidate
+    from mlwe.core.gain import GainPool
 
 
 @dataclass(slots=True)
@@ -72,8 +72,8 @@ class Cycle:
     #: whether some queue is in a cohort (quota may be reclaimed)
     cohorts: bool = False
     #: per priority, what a gain search reads of the holders it may evict
-    #: (:func:`mlwe.core.gain.gain_candidates`; once per cycle, when a search asks)
-    gain_candidates: dict[int, list[Candidate]] = field(default_factory=dict)
+    #: (:class:`mlwe.core.gain.GainPool`; once per cycle, when a search asks)
+    gain_pools: dict[int, GainPool] = field(default_factory=dict)
     failed: set[FitKey] = field(default_factory=set)
     #: shapes that did not fit this cycle: a larger one of the same models cannot
     #: fit either (capacity only shrinks within a cycle)

@@ -5,7 +5,8 @@ run times (learned, or the user's), against what the eviction costs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
+from operator import itemgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 from mlwe.core.capacity import CapacityIndex, ReplicaAlloc, Shape
@@ -54,71 +55,113 @@ class Candidate(NamedTuple):
     held: tuple[tuple[str, int], ...]
 
 
-def gain_candidates(
-    cfg: SchedulerConfig,
-    remaining: Callable[[Workload, float], float | None],
-    cp: ControlPlane,
-    priority: int,
-    now: float,
-) -> list[Candidate]:
-    """The holders of ``priority`` that a gain search examines at all (running or
-    starting, past the minimum quantum, under the bound on preemptions), reduced
-    to what :func:`gain_choice`'s victim test reads of them: the part of a search
-    that does not depend on the preemptor, computed once per cycle so that a
-    search that cannot find anything is known without scanning nodes
-    (:func:`could_gain`)."""
-    out: list[Candidate] = []
-    append = out.append
-    workloads = cp.workloads
-    prior = cfg.gain_prior_s
-    # each holder once, in the order of the nodes it holds on (a gang appears on several)
-    for wid in cp.holder_ids():
-        v = workloads[wid]
-        p = v.priority_override
-        started = v.started_at
-        if (
-            (v.spec.priority if p is None else p) != priority
-            or v.state not in EVICTABLE
-            or v.preemptions >= GAIN_MAX_PREEMPTIONS
-            or started is None
-            or now - started < GAIN_MIN_QUANTUM_S
-        ):
-            continue
-        # what follows is, inline, v.work_at_risk(now), expected_left(...),
-        # cost_of(v, now) and preemptible(v, now): one holder per call
-        # otherwise costs six calls, and this runs for every holder each cycle
+class GainPool:
+    """What the gain searches of one cycle read of the holders of one priority that
+    they examine at all (running or starting, past the minimum quantum, under the
+    bound on preemptions): the part of a search that does not depend on the
+    preemptor, so that a search that cannot find anything is known without
+    scanning nodes (:func:`could_gain`).
+
+    Each holder's expected remaining time is computed once per cycle, and the
+    holders are kept longest first: a victim must be expected to run at least
+    ``gain_ratio`` times longer than its preemptor, so a search reads only the
+    holders down to that floor (:meth:`reaching`). The rest of a holder's
+    :class:`Candidate` (its cost, loss, wait, preemptibility and placement) is
+    computed the first time a search reaches it."""
+
+    __slots__ = ("_entries", "_full", "_now")
+
+    def __init__(
+        self,
+        cfg: SchedulerConfig,
+        remaining: Callable[[Workload, float], float | None],
+        cp: ControlPlane,
+        priority: int,
+        now: float,
+    ) -> None:
+        self._now = now
+        prior = cfg.gain_prior_s
+        workloads = cp.workloads
+        entries: list[tuple[float, int, Workload]] = []
+        append = entries.append
+        # each holder once, in the order of the nodes it holds on (a gang appears on several)
+        for wid in cp.holder_ids():
+            v = workloads[wid]
+            p = v.priority_override
+            started = v.started_at
+            if (
+                (v.spec.priority if p is None else p) != priority
+                or v.state not in EVICTABLE
+                or v.preemptions >= GAIN_MAX_PREEMPTIONS
+                or started is None
+                or now - started < GAIN_MIN_QUANTUM_S
+            ):
+                continue
+            left = remaining(v, now)
+            if left is None:  # expected_left's prior, with attained(v, now) inline
+                restore = v.spec.restart_cost if v.run_base_work > 0 else 0.0
+                done = max(v.work_done, v.run_base_work + max(0.0, now - started - restore))
+                left = max(done, prior)
+            if left == left:  # a NaN estimate passes no victim test
+                append((left, len(entries), v))
+        # longest first; equal times keep the holders' order (the sort is stable)
+        entries.sort(key=itemgetter(0), reverse=True)
+        self._entries = entries
+        self._full: list[Candidate | None] = [None] * len(entries)
+
+    def reaching(self, floor: float) -> Iterator[Candidate]:
+        """The candidates expected to run at least ``floor`` seconds more, longest first."""
+        full = self._full
+        for i, (left, _, v) in enumerate(self._entries):
+            if left < floor:
+                return
+            c = full[i]
+            if c is None:
+                c = full[i] = self._candidate(left, v)
+            yield c
+
+    def all(self) -> list[Candidate]:
+        """Every candidate, in the holders' order."""
+        full = self._full
+        out: list[tuple[int, Candidate]] = []
+        for i, (left, k, v) in enumerate(self._entries):
+            c = full[i]
+            if c is None:
+                c = full[i] = self._candidate(left, v)
+            out.append((k, c))
+        return [c for _, c in sorted(out, key=itemgetter(0))]
+
+    def _candidate(self, left: float, v: Workload) -> Candidate:
+        """The rest of ``v``'s candidate: inline, v.work_at_risk(now), cost_of(v, now)
+        and preemptible(v, now) (tests/core/test_cycle_costs.py holds them equal)."""
+        now = self._now
         spec = v.spec
+        started = v.started_at
+        assert started is not None
         iv = spec.checkpoint_interval
-        restore = spec.restart_cost if v.run_base_work > 0 else 0.0
         ckpt = v.last_checkpoint_at
         if iv:
-            begin = started + restore
+            begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
             period = iv + spec.checkpoint_cost
             n = int(max(0.0, now - begin) // period)
             if n > 0:
                 t = begin + n * period
                 ckpt = t if ckpt is None else max(ckpt, t)
         risk = max(0.0, now - (ckpt if ckpt is not None else started))
-        left = remaining(v, now)
-        if left is None:
-            done = max(v.work_done, v.run_base_work + max(0.0, now - started - restore))
-            left = max(done, prior)
-        run = max(0.0, now - started)
         since = risk if iv else 0.0
-        append(Candidate(
-            wid,
+        return Candidate(
+            v.id,
             left,
             risk + spec.restart_cost + spec.checkpoint_cost,
             max(v.gpus(), 1e-3) * since if iv else 0.0,
             max(0.0, iv + spec.checkpoint_cost - since) if iv else 0.0,
             not (
                 spec.protected
-                or run < spec.min_runtime
+                or max(0.0, now - started) < spec.min_runtime
                 or (spec.min_progress > 0 and v.progress < spec.min_progress)
             ),
             _held(v),
-        ))
-    return out
+        )
 
 
 #: (placement, what gain tests read of it) per holder: a placement is immutable, so
@@ -145,7 +188,7 @@ def could_gain(
     nodes: Container[str],
     taken: Container[str],
     exclude: Container[str],
-    candidates: list[Candidate],
+    pool: GainPool,
     now: float,
 ) -> tuple[bool, float]:
     """Whether a gain search for one replica of ``w`` over the candidate ``nodes``
@@ -163,7 +206,7 @@ def could_gain(
     budget = cfg.gain_wait_share * max(w.gpus(), 1e-3)
     wake = INF
     freed: dict[str, int] = {}
-    for c in candidates:
+    for c in pool.reaching(floor):  # below the floor no candidate passes the test
         left = c.left
         if not (left >= floor and left > r_p + c.cost) or c.id in taken:
             continue  # the test first: it turns most candidates away, and costs nothing

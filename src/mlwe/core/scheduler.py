@@ -29,7 +29,7 @@ from mlwe.core.cycle import (
 )
 from mlwe.core.decisions import DecisionRecord, digest
 from mlwe.core.estimator import RuntimeEstimator
-from mlwe.core.gain import could_gain, gain_candidates, gain_choice
+from mlwe.core.gain import GainPool, could_gain, gain_choice
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import (
@@ -502,14 +502,14 @@ class Scheduler:
         nodes = candidate_nodes(cycle.fork, shape)
         if not nodes or len(nodes) > policy.max_scan:
             return bool(nodes)
-        cands = cycle.gain_candidates.get(w.priority)
-        if cands is None:
-            cands = cycle.gain_candidates[w.priority] = gain_candidates(
+        pool = cycle.gain_pools.get(w.priority)
+        if pool is None:
+            pool = cycle.gain_pools[w.priority] = GainPool(
                 self.config, self.remaining, cp, w.priority, cycle.now
             )
         possible, wake = could_gain(
             self.config, self.remaining, w, shape, cycle.fork, set(nodes), cycle.taken,
-            turn.exclude, cands, cycle.now,
+            turn.exclude, pool, cycle.now,
         )
         if not possible and policy.pass_over(cycle.fork, shape, w.spec.replicas, turn.exclude):
             self._wake_at = min(self._wake_at, wake)
