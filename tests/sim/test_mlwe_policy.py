@@ -92,12 +92,13 @@ def test_a_skipped_gain_search_would_have_found_nothing(
     contended: Trace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The scheduler skips a gain search it knows finds nothing (could_gain on
-    the holders reduced once per cycle). Every skip is checked against the full
+    the holders reduced once per cycle, or an earlier search of the cycle for the
+    same shape by a preemptor expected to end no later). Every skip is checked against the full
     search run in its place: it finds no victim set either, and leaves the same
     wake time and the same rotating start (so decisions are unchanged)."""
     from mlwe.core import scheduler as sched
     from mlwe.core.cycle import Cycle, Turn
-    from mlwe.core.gain import gain_choice
+    from mlwe.core.gain import expected_left, gain_choice
     from mlwe.core.policies.preemption import CheapestVictims
 
     skipped: list[str] = []
@@ -108,7 +109,15 @@ def test_a_skipped_gain_search_would_have_found_nothing(
         policy = self.preemption
         assert isinstance(policy, CheapestVictims)
         cursor, wake_before = policy._cursor, self._wake_at
+        w = turn.w
+        miss = cycle.gain_misses.get(
+            (w.priority, turn.shape, w.spec.replicas, turn.exclude, len(cycle.taken))
+        )
+        known = miss is not None and miss.r_p <= expected_left(
+            self.remaining, w, cycle.now, self.config.gain_prior_s
+        )
         possible = original(self, cycle, turn)
+        assert not (known and possible)
         if possible:
             searched.append(turn.w.id)
             return True
@@ -122,12 +131,16 @@ def test_a_skipped_gain_search_would_have_found_nothing(
         assert policy._cursor == skip_cursor
         assert min(wake_before, wake) == skip_wake
         skipped.append(turn.w.id)
+        if known:
+            known_misses.append(turn.w.id)
         if turn.w.spec.replicas > 1:
             gangs.append(turn.w.id)
         return False
 
     gangs: list[str] = []
+    known_misses: list[str] = []
     monkeypatch.setattr(sched.Scheduler, "_could_gain", checked)
     run(contended)
     assert len(skipped) > 100 and searched  # both paths were taken
     assert gangs  # gangs (several replicas, no per-node cap) are skipped too
+    assert known_misses  # and searches known from an earlier miss of the cycle

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from mlwe.core.actions import Action
 from mlwe.core.capacity import CapacityIndex, ReplicaAlloc, Shape
@@ -54,6 +54,22 @@ VictimKey = tuple[Shape, int, int, str, bool]
 Dominator = tuple[tuple[str, ...], int, int, int, int, bool]
 
 
+class GainMiss(NamedTuple):
+    """A gain search of this cycle that found nothing (``could_gain`` said so).
+
+    A later one for the same priority, shape, replicas and excluded nodes, with no
+    eviction in between, whose preemptor is expected to run at least ``r_p``
+    finds nothing either: its victims must clear higher bars (``gain_ratio`` x
+    its remaining time, and that time plus their cost), over the same or fewer
+    ready nodes, with no more room free (within a cycle the fork only gives room
+    away), under the same loss budget (its GPUs are the shape's). The earliest
+    wake time it would report is no earlier than that search's, already taken
+    when ``woke`` (its scan was accounted); otherwise it is computed."""
+
+    r_p: float
+    woke: bool
+
+
 @dataclass(slots=True)
 class Cycle:
     """What one cycle decides on and has decided so far (the plan's working state)."""
@@ -74,6 +90,14 @@ class Cycle:
     #: per priority, what a gain search reads of the holders it may evict
     #: (:class:`mlwe.core.gain.GainPool`; once per cycle, when a search asks)
     gain_pools: dict[int, GainPool] = field(default_factory=dict)
+    #: gain searches known to find nothing, by (priority, shape, replicas, excluded
+    #: nodes, evictions so far): the least expected remaining time of a preemptor
+    #: for which it found nothing
+    gain_misses: dict[tuple[int, Shape, int, frozenset[str], int], GainMiss] = field(
+        default_factory=dict
+    )
+    #: the candidate nodes of each tuple of GPU models, as a set
+    node_sets: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
     failed: set[FitKey] = field(default_factory=set)
     #: shapes that did not fit this cycle: a larger one of the same models cannot
     #: fit either (capacity only shrinks within a cycle)

@@ -19,6 +19,7 @@ from mlwe.core.capacity import FULL, CapacityIndex, ReplicaAlloc, Shape
 from mlwe.core.controlplane import ApplyResult, ControlPlane
 from mlwe.core.cycle import (
     Cycle,
+    GainMiss,
     Plan,
     Reservation,
     Turn,
@@ -29,7 +30,7 @@ from mlwe.core.cycle import (
 )
 from mlwe.core.decisions import DecisionRecord, digest
 from mlwe.core.estimator import RuntimeEstimator
-from mlwe.core.gain import GainPool, could_gain, gain_choice
+from mlwe.core.gain import GainPool, could_gain, expected_left, gain_choice
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import (
@@ -507,12 +508,33 @@ class Scheduler:
             pool = cycle.gain_pools[w.priority] = GainPool(
                 self.config, self.remaining, cp, w.priority, cycle.now
             )
+        node_set = cycle.node_sets.get(shape.models)
+        if node_set is None:
+            node_set = cycle.node_sets[shape.models] = frozenset(nodes)
+        # an earlier search of this cycle for the same shape and room, by a preemptor
+        # expected to end no later, found nothing: neither does this one (see GainMiss)
+        key = (w.priority, shape, w.spec.replicas, turn.exclude, len(cycle.taken))
+        r_p = expected_left(self.remaining, w, cycle.now, self.config.gain_prior_s)
+        miss = cycle.gain_misses.get(key)
+        if miss is not None and r_p >= miss.r_p:
+            if policy.pass_over(cycle.fork, shape, w.spec.replicas, turn.exclude) and not miss.woke:
+                # the earlier miss left no wake time; this one's is its own
+                _, wake = could_gain(
+                    self.config, self.remaining, w, shape, cycle.fork, node_set,
+                    cycle.taken, turn.exclude, pool, cycle.now,
+                )
+                self._wake_at = min(self._wake_at, wake)
+            return False
         possible, wake = could_gain(
-            self.config, self.remaining, w, shape, cycle.fork, set(nodes), cycle.taken,
+            self.config, self.remaining, w, shape, cycle.fork, node_set, cycle.taken,
             turn.exclude, pool, cycle.now,
         )
-        if not possible and policy.pass_over(cycle.fork, shape, w.spec.replicas, turn.exclude):
-            self._wake_at = min(self._wake_at, wake)
+        if not possible:
+            woke = policy.pass_over(cycle.fork, shape, w.spec.replicas, turn.exclude)
+            if woke:
+                self._wake_at = min(self._wake_at, wake)
+            if miss is None or r_p < miss.r_p:
+                cycle.gain_misses[key] = GainMiss(r_p, woke)
         return possible
 
     def _evict_for(
