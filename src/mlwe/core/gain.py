@@ -200,31 +200,36 @@ def could_gain(
     :func:`gain_choice`'s test for ``w``, and some node must then have the GPU the
     replica asks for (free on ``fork`` plus what the passing victims hold there).
     False means the search finds nothing, and the wake time is the one it would
-    report (both checked against the search in tests/sim/test_mlwe_policy.py)."""
+    report (both checked against the search in tests/sim/test_mlwe_policy.py).
+    True is answered at the first node where passing victims free enough; its
+    wake time is then partial (the search that follows reports its own)."""
     r_p = expected_left(remaining, w, now, cfg.gain_prior_s)
     floor = cfg.gain_ratio * r_p
     budget = cfg.gain_wait_share * max(w.gpus(), 1e-3)
+    need = shape.gpu
+    status, free_gpu = fork.status, fork.free_gpu
+    ready = NodeStatus.READY
     wake = INF
     freed: dict[str, int] = {}
     for c in pool.reaching(floor):  # below the floor no candidate passes the test
         left = c.left
         if not (left >= floor and left > r_p + c.cost) or c.id in taken:
             continue  # the test first: it turns most candidates away, and costs nothing
-        seen = [
-            (node, gpu) for node, gpu in c.held
-            if node in nodes and node not in exclude and fork.status(node) is NodeStatus.READY
-        ]
-        if not seen:
-            continue
         if c.loss > budget * c.wait:  # evicting now loses too much: wait for its checkpoint
-            wake = min(wake, now + c.wait + 1e-6)
+            t = now + c.wait + 1e-6
+            if t < wake and any(
+                node in nodes and node not in exclude and status(node) is ready
+                for node, _ in c.held
+            ):  # (a later time cannot lower the wake: its nodes need not be read)
+                wake = t
             continue
         if c.evictable:
-            for node, gpu in seen:
-                freed[node] = freed.get(node, 0) + gpu
-    need = shape.gpu
-    free_gpu = fork.free_gpu
-    return any(free_gpu(node) + gpu >= need for node, gpu in freed.items()), wake
+            for node, gpu in c.held:
+                if node in nodes and node not in exclude and status(node) is ready:
+                    got = freed[node] = freed.get(node, 0) + gpu
+                    if free_gpu(node) + got >= need:
+                        return True, wake  # found (the wake time is read only on a miss)
+    return False, wake
 
 
 def cost_of(v: Workload, now: float) -> float:
