@@ -100,6 +100,33 @@ def test_a_cycle_holds_off_the_cyclic_gc_and_gives_back_what_it_found() -> None:
         (gc.enable if was else gc.disable)()
 
 
+def test_a_fork_copies_no_map_until_it_changes_something() -> None:
+    idx = index()
+    f = idx.fork()
+    shape = _whole_node_shape()
+    # reading (a search that finds nothing, a cycle that places nothing) copies nothing
+    assert f.find(shape) is not None and f.free_gpu("a-0") == 8000
+    assert f._free is idx._free and f._key is idx._key and f._buckets is idx._buckets
+    alloc = f.find(shape)
+    assert alloc is not None
+    f.allocate(alloc)
+    assert f._free is not idx._free and f._key is not idx._key
+    assert (f.free_gpu(alloc.node), idx.free_gpu(alloc.node)) == (0, 8000)
+    assert f.find(shape) is not None and f.find(shape).node != alloc.node  # type: ignore[union-attr]
+    assert idx.find(shape).node == alloc.node  # type: ignore[union-attr]
+    # a status change is a change too; the index keeps its own maps and buckets
+    g = idx.fork()
+    g.set_status("a-1", NodeStatus.DOWN)
+    assert g._key is not idx._key and "a-1" not in g._key and "a-1" in idx._key
+    assert g.fit_on("a-1", shape) is None and idx.fit_on("a-1", shape) is not None
+    # a fork of a fork that has changed starts from its parent's state
+    h = f.fork()
+    assert h.free_gpu(alloc.node) == 0
+    h.release(alloc)
+    assert (h.free_gpu(alloc.node), f.free_gpu(alloc.node), idx.free_gpu(alloc.node)) == (
+        8000, 0, 8000)
+
+
 def _whole_node_shape() -> Shape:
     return Shape(gpu=8000, cpu=8000, ram=1024, vram=None, models=(A100,))
 

@@ -147,6 +147,7 @@ class CapacityIndex:
         "_free",
         "_info",
         "_key",
+        "_maps_owned",
         "_max_level",
         "_model_lists",
         "_owned_buckets",
@@ -171,6 +172,8 @@ class CapacityIndex:
         self._model_lists: dict[tuple[str, ...], list[str]] = {}
         #: forks share the status table until they change a node's status
         self._status_owned = True
+        #: forks share the node maps and indexes until they first change capacity
+        self._maps_owned = True
         self._base = True
         self._owned_nodes: set[str] = set()
         self._owned_buckets: set[tuple[str, int] | str] = set()
@@ -215,14 +218,19 @@ class CapacityIndex:
         """A copy-on-write view: changes to it never reach this index."""
         f = CapacityIndex.__new__(CapacityIndex)
         f._info = self._info  # static, shared
-        f._free = dict(self._free)
-        f._dev = dict(self._dev)
+        # shared until the fork first changes capacity or a status (_own_maps): a
+        # fork that only reads (a search that finds nothing, a cycle that places
+        # nothing) copies no map of thousands of nodes; this index must not change
+        # while the fork is in use (as for the per-node lists it shares anyway)
+        f._free = self._free
+        f._dev = self._dev
+        f._key = self._key
+        f._buckets = self._buckets
+        f._partial = self._partial
+        f._maps_owned = False
         f._status = self._status  # copied on the fork's first status change
         f._status_owned = False
         f._model_lists = self._model_lists
-        f._key = dict(self._key)
-        f._buckets = dict(self._buckets)
-        f._partial = dict(self._partial)
         f._max_level = self._max_level
         f._by_model = self._by_model
         f._base = False
@@ -293,6 +301,16 @@ class CapacityIndex:
         return sorted(m for m in self._max_level if m)
 
     # ------------------------------------------------------------- copy-on-write
+    def _own_maps(self) -> None:
+        """A fork's first change: take its own node maps and indexes (the per-node
+        lists and buckets inside stay shared until changed, as before)."""
+        self._free = dict(self._free)
+        self._dev = dict(self._dev)
+        self._key = dict(self._key)
+        self._buckets = dict(self._buckets)
+        self._partial = dict(self._partial)
+        self._maps_owned = True
+
     def _own_node(self, node: str) -> None:
         if not self._base and node not in self._owned_nodes:
             self._free[node] = list(self._free[node])
@@ -343,6 +361,8 @@ class CapacityIndex:
 
     # ----------------------------------------------------------------- changing
     def set_status(self, node: str, status: NodeStatus) -> None:
+        if not self._maps_owned:
+            self._own_maps()
         if not self._status_owned:
             self._status = dict(self._status)
             self._status_owned = True
@@ -376,6 +396,8 @@ class CapacityIndex:
 
     def allocate(self, alloc: ReplicaAlloc) -> None:
         node = alloc.node
+        if not self._maps_owned:
+            self._own_maps()
         self._own_node(node)
         free = self._free[node]
         r = alloc.res
@@ -390,6 +412,8 @@ class CapacityIndex:
 
     def release(self, alloc: ReplicaAlloc) -> None:
         node = alloc.node
+        if not self._maps_owned:
+            self._own_maps()
         self._own_node(node)
         free = self._free[node]
         r = alloc.res
