@@ -244,6 +244,14 @@ def test_holder_ids_are_kept_until_holding_changes() -> None:
     assert cp.holder_ids() == ("b", "c", "a")
     ok(cp.apply([Exited("b", cp.get("b").attempt, 0)]))
     assert cp.holder_ids() == ("c", "a")
+    # a rolled-back batch (a refused request group) gives the holding back, and the
+    # list read in between is not kept past it
+    sp = cp.savepoint()
+    running_on(cp, gpu_job("d", gpu=2), "n1")
+    ok(cp.apply([Exited("c", cp.get("c").attempt, 0)]))
+    assert cp.holder_ids() == ("a", "d")
+    cp.rollback_to(sp)
+    assert cp.holder_ids() == ("c", "a")
 
 
 # ----------------------------------------------------------------------- shapes

@@ -111,8 +111,9 @@ class PlaneState:
         self.on_node: dict[str, dict[str, None]] = {}  # node -> ids of workloads holding there
         self.queues: dict[str, Queue] = {}
         self.holding_by_priority: dict[int, int] = {}  # priority -> workloads holding resources
-        #: Bumped whenever any workload takes or gives back resources: projections
-        #: made at one epoch stay valid until it changes.
+        #: Bumped whenever any workload takes or gives back resources, and when that
+        #: is undone: projections (and the holder list) made at one epoch stay valid
+        #: until it changes.
         self.holding_epoch = 0
         self._holder_ids: tuple[int, tuple[str, ...]] = (-1, ())
         self.decisions: list[DecisionRecord] = []
@@ -347,6 +348,7 @@ class PlaneState:
 
         def undo() -> None:
             _bump(hp, w.priority, -1)
+            self.holding_epoch += 1  # what was read at the epoch this batch moved to is gone
             for a in reversed(allocs):
                 self.capacity.release(a)
                 self.on_node[a.node].pop(w.id, None)
@@ -371,6 +373,7 @@ class PlaneState:
         def undo() -> None:
             if allocs:
                 _bump(hp, w.priority, 1)
+                self.holding_epoch += 1
             for a in allocs:
                 self.capacity.allocate(a)
                 self.on_node[a.node][w.id] = None
