@@ -70,20 +70,19 @@ class Shape:
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((
-            self.gpu, self.cpu, self.ram, self.vram, self.models, self.selector,
-            self.per_node, self.max_per_node, self.gang_placement,
-        )))
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def _fields(self) -> tuple[object, ...]:
+        """The compared fields, in order (what the hash and a pickle are made of)."""
+        return (self.gpu, self.cpu, self.ram, self.vram, self.models, self.selector,
+                self.per_node, self.max_per_node, self.gang_placement)
 
     def __hash__(self) -> int:
         return self._hash
 
     def __reduce__(self) -> tuple[type[Shape], tuple[object, ...]]:
         # rebuilt from its fields: a string's hash differs from process to process
-        return Shape, (
-            self.gpu, self.cpu, self.ram, self.vram, self.models, self.selector,
-            self.per_node, self.max_per_node, self.gang_placement,
-        )
+        return Shape, self._fields()
 
     @property
     def gang_shaped(self) -> bool:
