@@ -269,3 +269,43 @@ def test_equal_shapes_are_one_object_with_the_hash_of_their_fields() -> None:
     back = pickle.loads(pickle.dumps(sa))
     assert back == sa and hash(back) == hash(fields)
     object.__setattr__(sa, "_hash", hash(fields))
+
+
+def _evicting_cluster(later: bool) -> tuple[ControlPlane, Any]:
+    """One A100 node: a low-priority job holds 4 GPUs, 4 are free; an urgent
+    whole-node job arrives (and, with ``later``, a 4-GPU job ranked after it)."""
+    cp, clock = cluster(gpu_node("a100-0"))
+    running_on(cp, gpu_job("low", gpu=4, priority=10), "a100-0")
+    clock.advance(3600)
+    submit(cp, gpu_job("urgent", gpu=8, priority=90))
+    if later:
+        submit(cp, gpu_job("small", gpu=4, priority=50))
+    return cp, default_scheduler()
+
+
+def test_a_preemptor_holds_its_room_against_later_turns_only() -> None:
+    # a later turn may not take the free half of the node the urgent job evicts for
+    cp, sched = _evicting_cluster(later=True)
+    plan = sched.plan(cp)
+    assert [(a.kind, getattr(a, "victim", None)) for a in plan.actions] == [("preempt", "low")]
+    assert "no room" in plan.pending["small"]
+    # the last turn holds nothing (nobody after it reads the fork): the same plan
+    cp, sched = _evicting_cluster(later=False)
+    forks: list[CapacityIndex] = []
+    real_fork = CapacityIndex.fork
+
+    def spy(self: CapacityIndex) -> CapacityIndex:
+        f = real_fork(self)
+        forks.append(f)
+        return f
+
+    CapacityIndex.fork = spy  # type: ignore[method-assign]
+    try:
+        alone = sched.plan(cp)
+    finally:
+        CapacityIndex.fork = real_fork  # type: ignore[method-assign]
+    assert [(a.kind, getattr(a, "victim", None)) for a in alone.actions] == [("preempt", "low")]
+    assert alone.pending["urgent"] == plan.pending["urgent"]
+    # the cycle's fork was only read: no map of the cluster was copied for it
+    assert forks and all(f.status("a100-0") is NodeStatus.READY for f in forks)
+    assert not any(f._maps_owned for f in forks)

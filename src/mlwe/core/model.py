@@ -88,17 +88,20 @@ class Workload:
 
     def last_checkpoint(self, now: float) -> float | None:
         """When the current run last saved its state (None: never, all work would be lost)."""
-        if self.started_at is None:
+        started = self.started_at
+        if started is None:
             return None
         best = self.last_checkpoint_at
-        interval = self.spec.checkpoint_interval
+        spec = self.spec
+        interval = spec.checkpoint_interval
         if interval:
             # a checkpoint every `interval` seconds of work (after any restart), each
-            # taking checkpoint_cost
-            begin = self.started_at + self._restart_overhead()
-            n = int(max(0.0, now - begin) // (interval + self.spec.checkpoint_cost))
+            # taking checkpoint_cost (read once: victim searches ask this of every holder)
+            begin = started + (spec.restart_cost if self.run_base_work > 0 else 0.0)
+            period = interval + spec.checkpoint_cost
+            n = int(max(0.0, now - begin) // period)
             if n > 0:
-                t = begin + n * (interval + self.spec.checkpoint_cost)
+                t = begin + n * period
                 best = t if best is None else max(best, t)
         return best
 
@@ -114,11 +117,11 @@ class Workload:
 
     def work_at_risk(self, now: float) -> float:
         """Seconds of work lost if it were stopped now without a chance to checkpoint."""
-        if self.started_at is None:
+        started = self.started_at
+        if started is None:
             return 0.0
         ckpt = self.last_checkpoint(now)
-        since = ckpt if ckpt is not None else self.started_at
-        return max(0.0, now - since)
+        return max(0.0, now - (ckpt if ckpt is not None else started))
 
     def runtime(self, now: float) -> float:
         return 0.0 if self.started_at is None else max(0.0, now - self.started_at)

@@ -280,7 +280,7 @@ class Scheduler:
         """
         cycle.plan.considered += 1
         # a. victims still releasing
-        if self._waits_for_victims(cycle, w):
+        if self._waits_for_victims(cycle, rank, w):
             return False
         # b. no acceptable hardware at all
         models, shape = self.shape_for(cycle.cp, w)
@@ -306,9 +306,9 @@ class Scheduler:
         # f. wait
         return self._wait(cycle, turn)
 
-    def _waits_for_victims(self, cycle: Cycle, w: Workload) -> bool:
+    def _waits_for_victims(self, cycle: Cycle, rank: int, w: Workload) -> bool:
         """Phase 3a: a preemptor whose victims still checkpoint keeps the room it
-        planned (in the fork) and waits; True if so."""
+        planned (in the fork, when a later turn could take it) and waits; True if so."""
         if not w.victims:
             return False
         cp = cycle.cp
@@ -318,7 +318,8 @@ class Scheduler:
         cycle.plan.pending[w.id] = (
             f"waiting for {len(live)} victim(s) to release: {', '.join(live)}"
         )
-        hold(cycle.fork, self._nominated.get(w.id, ()), cp, live)
+        if rank + 1 < len(cycle.order):
+            hold(cycle.fork, self._nominated.get(w.id, ()), cp, live)
         return True
 
     def _reserved_for_others(self, cycle: Cycle, w: Workload) -> frozenset[str]:
@@ -548,14 +549,18 @@ class Scheduler:
         extra: dict[str, Any] | None = None,
     ) -> None:
         """Phase 3e: commit a victim set: Preempt actions, the nodes nominated for
-        ``w``, their room held in the fork, the decision record, the wait reason."""
+        ``w``, their room held in the fork, the decision record, the wait reason.
+        The last turn holds nothing: only later turns read the fork (a hold on
+        a cluster of thousands of nodes copies its maps, a third of the cycle
+        that places one urgent workload)."""
         cp, plan, w = cycle.cp, cycle.plan, turn.w
         for v, why in choice.victims:
             plan.actions.append(Preempt(v.id, w.id, why))
             cycle.taken.add(v.id)
         planned = frozenset(a.node for a in choice.allocs)
         self._nominated[w.id] = planned
-        hold(cycle.fork, planned, cp, [v.id for v, _ in choice.victims])
+        if turn.rank + 1 < len(cycle.order):
+            hold(cycle.fork, planned, cp, [v.id for v, _ in choice.victims])
         plan.decisions.append(
             DecisionRecord(
                 kind="preempt",

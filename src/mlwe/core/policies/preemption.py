@@ -26,6 +26,7 @@ from mlwe.core.spec import NodeStatus
 #: A CPU-only victim's cores are weighed as GPUs at this rate (8 cores ~ 1 GPU).
 CORES_PER_GPU_EQUIVALENT = 8.0
 EVICTABLE = (State.ADMITTED, State.STARTING, State.RUNNING)
+_EVICTABLE = frozenset(EVICTABLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +59,12 @@ class PreemptionPolicy(Protocol):
 def victim_cost(v: Workload, now: float, gang_penalty: float) -> float:
     """GPU-seconds lost by evicting ``v`` now: work since its last checkpoint plus
     its restart cost, on all its GPUs, plus a penalty if it is a gang."""
-    gpus = v.gpus()
+    spec = v.spec
+    gpus = spec.resources.gpu * spec.replicas / 1000  # v.gpus(), read once
     if gpus == 0:
-        gpus = v.spec.resources.cpu * v.spec.replicas / 1000 / CORES_PER_GPU_EQUIVALENT
-    lost = v.work_at_risk(now) + v.spec.restart_cost
-    return gpus * lost + (gang_penalty if v.spec.replicas > 1 else 0.0)
+        gpus = spec.resources.cpu * spec.replicas / 1000 / CORES_PER_GPU_EQUIVALENT
+    lost = v.work_at_risk(now) + spec.restart_cost
+    return gpus * lost + (gang_penalty if spec.replicas > 1 else 0.0)
 
 
 @dataclass(slots=True)
@@ -135,13 +137,18 @@ def _eligibility(
     qp = cp.queues[p.queue]
     mine = p.priority
     capacity = cp.capacity
+    evictable = _EVICTABLE
+    by_priority = PreemptReason.PRIORITY
 
     def eligible(v: Workload) -> PreemptReason | None:
-        if v.id in taken or v.state not in EVICTABLE:
+        # runs for every holder of every node a search examines: the cheap tests
+        # first, attributes read once (the rules are the ones named below)
+        if v.state not in evictable or v.id in taken:
             return None
-        theirs = v.priority
+        po = v.priority_override
+        theirs = v.spec.priority if po is None else po  # v.priority
         if theirs < mine:
-            why = PreemptReason.PRIORITY
+            why = by_priority
         elif equals is not None and theirs == mine:
             if gain_violations(p, v, now) or not equals(v):
                 return None
@@ -153,7 +160,11 @@ def _eligibility(
             why = PreemptReason.RECLAIM
         else:
             return None
-        if preemptible(v, now) is not None:
+        spec = v.spec
+        # preemptible() can only refuse work that is protected or sets a minimum
+        if (spec.protected or spec.min_runtime > 0 or spec.min_progress > 0) and preemptible(
+            v, now
+        ) is not None:
             return None
         if not frees_what_is_needed(capacity, v, p):
             return None  # the control plane's rule: e.g. a CPU-only job frees no GPUs
@@ -342,20 +353,23 @@ class CheapestVictims:
         the cheapest candidate, all of them, and how many nodes were examined."""
         best: _Candidate | None = None
         found: list[_Candidate] = []
-        start = self._cursor % len(nodes)
+        n = len(nodes)
+        start = self._cursor % n
         scanned = 0
-        for i in range(len(nodes)):
-            node = nodes[(start + i) % len(nodes)]
+        holders, workloads, status, cost = cp.on_node.get, cp.workloads, f.status, self.cost
+        ready = NodeStatus.READY
+        for i in range(n):
+            node = nodes[start + i - n]  # from the cursor, wrapping (a negative index first)
             scanned += 1
-            if node not in excl and f.status(node) is NodeStatus.READY:
+            if node not in excl and status(node) is ready:
                 vs = []
-                for wid in cp.on_node.get(node, ()):
+                for wid in holders(node, ()):
                     if wid in chosen:
                         continue
-                    v = cp.workloads[wid]
+                    v = workloads[wid]
                     why = eligible(v)
                     if why is not None:
-                        vs.append((self.cost(v, now), v, why))
+                        vs.append((cost(v, now), v, why))
                 if vs:
                     cand = self._try_node(f, node, shape, vs, i)
                     if cand is not None:
