@@ -309,3 +309,22 @@ def test_a_preemptor_holds_its_room_against_later_turns_only() -> None:
     # the cycle's fork was only read: no map of the cluster was copied for it
     assert forks and all(f.status("a100-0") is NodeStatus.READY for f in forks)
     assert not any(f._maps_owned for f in forks)
+
+
+def test_a_shapes_kept_text_is_the_one_dataclass_would_write() -> None:
+    """Decision digests read a shape's repr: the kept text must be the generated one,
+    for every field a shape shows (a field added later included)."""
+    import dataclasses
+
+    shown = [f for f in dataclasses.fields(Shape) if f.repr]
+    plain = dataclasses.make_dataclass("Shape", [(f.name, f.type) for f in shown])
+    cases = [
+        Shape(1000, 4000, 32768, None, (A100,)),
+        Shape(500, 1, 2, 40_960, (A100, T4), (("zone", "a'b"),), 2, 0, "pack"),
+        Shape(0, 8000, 65536, None, (), (), 0, 3, "spread"),
+    ]
+    for s in cases:
+        want = repr(plain(*(getattr(s, f.name) for f in shown)))
+        assert repr(s) == want
+        assert repr(s) == want  # the kept text, read a second time
+        assert repr(pickle.loads(pickle.dumps(s))) == want

@@ -68,9 +68,22 @@ class Shape:
     #: the hash, computed once: shapes key the cycle's memo tables (a generated hash
     #: would rebuild and hash the tuple of every field on each lookup)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    #: the repr, made on first use: a decision's input digest reads it for every
+    #: placement, and interned shapes are few
+    _text: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def __repr__(self) -> str:
+        # the text dataclass would generate (a test holds them equal), kept
+        text = self._text
+        if not text:
+            text = "Shape(" + ", ".join(
+                f"{name}={value!r}" for name, value in zip(_SHAPE_FIELDS, self._fields())
+            ) + ")"
+            object.__setattr__(self, "_text", text)
+        return text
 
     def _fields(self) -> tuple[object, ...]:
         """The compared fields, in order (what the hash and a pickle are made of)."""
@@ -87,6 +100,10 @@ class Shape:
     @property
     def gang_shaped(self) -> bool:
         return bool(self.per_node or self.max_per_node or self.gang_placement)
+
+
+_SHAPE_FIELDS = ("gpu", "cpu", "ram", "vram", "models", "selector", "per_node", "max_per_node",
+                 "gang_placement")
 
 
 def _key(info: NodeInfo, free: list[int], dev: list[int]) -> tuple[str, int]:
