@@ -145,6 +145,10 @@ class Engine(RequestDoors):
         self.clock = clock
         self.config = config or EngineConfig()
         self.scheduler = scheduler or default_scheduler()
+        if self.scheduler.estimator is not None:
+            # learn from the recovered history now, and let each submission record its
+            # own prediction from here on: the first cycle then pays for neither
+            self.scheduler.estimator.attach(cp)
         self.streams = streams or StreamHub(clock=clock.now)
         self.audit = audit or AuditLog(repo.engine, clock=clock.now)
         self.lock = threading.RLock()

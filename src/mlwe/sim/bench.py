@@ -199,6 +199,10 @@ def bench_core(
     cp = build_control_plane(synthetic_cluster(nodes, gpus_per_node, seed), clock)
     build_s = time.perf_counter() - t0
     sched = default_scheduler() if policy == "mlwe" else Scheduler()
+    if sched.estimator is not None:
+        # as an engine does when it starts: from then on each submission records its
+        # own prediction (the estimator's error figures), so no cycle pays for that
+        sched.estimator.attach(cp)
     # running work, low priority, placed through the scheduler and started
     if running:
         _fill_running(cp, sched, rng, clock, running)
