@@ -174,3 +174,27 @@ def test_kept_predictions_are_exactly_what_a_new_one_would_be() -> None:
             assert est.remaining_s(w, a) == (None if fresh is None else fresh.remaining_s)
             asked += 1
     assert asked == 2400 and est.learned > 100
+
+
+def test_a_deadline_is_urgent_only_within_the_horizon_by_default() -> None:
+    """Size-aware order: a deadline job with more slack than the urgency horizon
+    (2h) competes by size; with ``urgency_ratio`` 1 it would be urgent while its
+    slack is under the work it has left, and go first."""
+    from mlwe.core.policies.ordering import SizeAware
+
+    from .builders import submit
+
+    cp, clock = cluster(gpu_node("a100-0"))
+    clock.advance(1000.0)
+    # 10h of work, deadline 13h away: slack 3h (over the horizon, under 10h)
+    submit(cp, job("long-dl", gpu=1, estimated_duration=36_000.0, deadline=1000.0 + 46_800.0),
+           job("short", gpu=1, estimated_duration=600.0))
+    queued, now = cp.queued_workloads(), cp.now()
+
+    def order(**kw: float) -> list[str]:
+        return [w.id for w in SizeAware(RuntimeEstimator(), **kw).order(queued, cp.queues, 8, now)]
+
+    assert order() == ["short", "long-dl"]
+    assert order(urgency_ratio=1.0) == ["long-dl", "short"]
+    # inside the horizon it is urgent either way
+    assert order(urgency_horizon_s=4 * 3600.0) == ["long-dl", "short"]

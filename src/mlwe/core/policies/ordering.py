@@ -122,12 +122,15 @@ class SizeAware:
         urgency_horizon_s: float = 2 * 3600.0,
         las_quantum_s: float = 600.0,
         aging: float = 1.0,
-        urgency_ratio: float = 1.0,
+        urgency_ratio: float = 0.0,
     ) -> None:
         self.estimator = estimator
         self.urgency_horizon_s = urgency_horizon_s
         #: a deadline is also urgent while its slack is under this many times the
-        #: work it has left (long jobs need their turn earlier)
+        #: work it has left (long jobs need their turn earlier). Off by default:
+        #: measured on ITP 01-05 (checkpoint periodic:1800), 1.0 let long deadline
+        #: jobs jump ahead for days and cost 0.1-4.3% of average JCT (itp:05 above
+        #: edf's); 0.0 meets every cluster's deadline-met target as well
         self.urgency_ratio = urgency_ratio
         self.las_quantum_s = las_quantum_s
         self.aging = aging
