@@ -551,7 +551,7 @@ class Scheduler:
         """Phase 3e: commit a victim set: Preempt actions, the nodes nominated for
         ``w``, their room held in the fork, the decision record, the wait reason.
         The last turn holds nothing: only later turns read the fork (a hold on
-        a cluster of thousands of nodes copies its maps, a third of the cycle
+        a cluster of thousands of nodes copies its maps, a fifth of the cycle
         that places one urgent workload)."""
         cp, plan, w = cycle.cp, cycle.plan, turn.w
         for v, why in choice.victims:

@@ -141,8 +141,7 @@ def _eligibility(
     by_priority = PreemptReason.PRIORITY
 
     def eligible(v: Workload) -> PreemptReason | None:
-        # runs for every holder of every node a search examines: the cheap tests
-        # first, attributes read once (the rules are the ones named below)
+        # runs for every holder of every node a search examines: the cheap tests first
         if v.state not in evictable or v.id in taken:
             return None
         po = v.priority_override
@@ -160,11 +159,7 @@ def _eligibility(
             why = PreemptReason.RECLAIM
         else:
             return None
-        spec = v.spec
-        # preemptible() can only refuse work that is protected or sets a minimum
-        if (spec.protected or spec.min_runtime > 0 or spec.min_progress > 0) and preemptible(
-            v, now
-        ) is not None:
+        if preemptible(v, now) is not None:
             return None
         if not frees_what_is_needed(capacity, v, p):
             return None  # the control plane's rule: e.g. a CPU-only job frees no GPUs
