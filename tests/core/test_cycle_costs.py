@@ -13,6 +13,8 @@ import pickle
 import random
 from typing import Any
 
+import pytest
+
 from mlwe.core import ControlPlane, Exited, NodeStatus, Resources
 from mlwe.core.capacity import CapacityIndex, NodeInfo, Shape
 from mlwe.core.gain import Candidate, GainPool, cost_of, expected_left
@@ -328,3 +330,48 @@ def test_a_shapes_kept_text_is_the_one_dataclass_would_write() -> None:
         assert repr(s) == want
         assert repr(s) == want  # the kept text, read a second time
         assert repr(pickle.loads(pickle.dumps(s))) == want
+
+
+def _gain_case() -> tuple[ControlPlane, Any, Workload, Shape]:
+    """One node: a long job holds all 8 GPUs; an equal, much shorter one waits."""
+    cp, clock = cluster(gpu_node("n0"))
+    running_on(cp, gpu_job("long", estimated_duration=100_000, checkpoint_interval=600), "n0")
+    clock.advance(3000)
+    submit(cp, gpu_job("short", estimated_duration=600))
+    w = cp.get("short")
+    return cp, default_scheduler(), w, shape_of(w.spec, (A100,))
+
+
+def test_a_victim_policy_is_asked_for_equals_only_if_its_select_takes_them() -> None:
+    from mlwe.core.gain import gain_choice, takes_equals
+    from mlwe.core.policies.preemption import CheapestVictims, LowestPriorityVictims
+
+    cp, sched, w, shape = _gain_case()
+
+    def choose(policy: Any) -> Any:
+        got, _ = gain_choice(sched.config, sched.remaining, policy, cp, cp.capacity.fork(), w,
+                             shape, set(), frozenset(), cp.now())
+        return got
+
+    got = choose(CheapestVictims())
+    assert got is not None and [v.id for v, _ in got[0].victims] == ["long"]
+    assert takes_equals(CheapestVictims()) and takes_equals(LowestPriorityVictims())
+
+    class PlainProtocol:  # the PreemptionPolicy protocol, without victims among equals
+        name = "plain"
+        calls = 0
+
+        def select(self, cp: Any, fork: Any, p: Any, shape: Any, taken: Any,
+                   exclude: Any = ()) -> Any:
+            PlainProtocol.calls += 1
+            raise AssertionError("a policy without 'equals' is not asked for equals")
+
+    assert not takes_equals(PlainProtocol())
+    assert choose(PlainProtocol()) is None and PlainProtocol.calls == 0
+
+    class Broken(CheapestVictims):  # takes equals, and has a bug that raises TypeError
+        def _search(self, *args: Any, **kw: Any) -> Any:
+            raise TypeError("a bug inside the search")
+
+    with pytest.raises(TypeError, match="a bug inside the search"):
+        choose(Broken())  # surfaced, not mistaken for a policy that knows no equals

@@ -5,6 +5,7 @@ run times (learned, or the user's), against what the eviction costs.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Container, Iterator
 from operator import itemgetter
 from typing import TYPE_CHECKING, NamedTuple
@@ -232,6 +233,30 @@ def could_gain(
     return False, wake
 
 
+#: whether a ``select`` function takes ``equals``, per function (its signature is read once)
+_TAKES_EQUALS: dict[object, bool] = {}
+
+
+def takes_equals(policy: PreemptionPolicy) -> bool:
+    """Whether ``policy.select`` takes an ``equals`` test (victims among equals),
+    read from its signature. (A TypeError raised inside a search is a bug to
+    surface, never a sign that the policy does not take it.)"""
+    select = getattr(policy, "select", None)
+    if select is None:
+        return False
+    fn = getattr(select, "__func__", select)
+    got = _TAKES_EQUALS.get(fn)
+    if got is None:
+        try:
+            params = list(inspect.signature(select).parameters.values())
+        except (TypeError, ValueError):  # no signature to read: assume the plain protocol
+            params = []
+        got = _TAKES_EQUALS[fn] = any(
+            p.name == "equals" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params
+        )
+    return got
+
+
 def cost_of(v: Workload, now: float) -> float:
     """What evicting ``v`` now costs it, in seconds: the work since its last
     checkpoint, its restore and its checkpoint pause."""
@@ -290,13 +315,10 @@ def gain_choice(
                 return False
         return True
 
-    select = getattr(preemption, "select", None)
-    if select is None:
-        return None, wake[0]
-    try:
-        choice = select(cp, fork, w, shape, taken, exclude, equals=worth)
-    except TypeError:
+    if not takes_equals(preemption):
         return None, wake[0]  # a victim policy that knows no "equals"
+    select: Callable[..., VictimChoice | None] = preemption.select
+    choice = select(cp, fork, w, shape, taken, exclude, equals=worth)
     if choice is None:
         return None, wake[0]
     gain = cost = 0.0
