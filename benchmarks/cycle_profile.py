@@ -1,0 +1,169 @@
+"""Where a replay's scheduling cycles spend their time, phase by phase, with counts.
+
+    .venv/bin/python benchmarks/cycle_profile.py [--input philly-5000] [--policy mlwe]
+
+Replays one input of ``policy_quality.py`` (same trace, cluster and checkpoint
+model) and prints one JSON line:
+
+- counts, which are deterministic (they depend only on the decisions): cycles,
+  turns taken and turns skipped by the early stop, head projections (and how
+  many reused the cached one), gain tests, gain searches run, victim searches
+  and the nodes they examined, decisions by kind;
+- CPU seconds by phase, each exclusive of the phases it calls: ordering the
+  queue, projecting the head's reservation, the gain test (``could_gain`` and
+  its pool), victim searches, fits, the rest of planning (turns, waits,
+  records), the control plane's applies (plans, submissions, backend facts)
+  and everything else (kernel, simulated backend, metrics);
+  with the share of the replay's CPU each takes.
+
+The timers wrap the phases' functions, so the whole run is slower than a plain
+replay (the ``overhead`` line says by about how much); compare shares, and
+compare counts between commits (a change meant only to be faster leaves every
+count equal). This is the profile the issue asks for in a note: run it before
+and after a change to the cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from policy_quality import INPUTS
+
+from mlwe.core import controlplane, gain, scheduler
+from mlwe.core.policies import preemption
+from mlwe.sim.checkpoint import parse_checkpoint_model
+from mlwe.sim.replay import ReplayConfig, replay
+
+#: phase -> (owner, attribute): the functions timed (exclusive of the phases they call)
+PHASES: dict[str, tuple[Any, str]] = {
+    "order": (scheduler.Scheduler, "_snapshot"),
+    "project_head": (scheduler.Scheduler, "_reserve"),
+    "gain_test": (scheduler.Scheduler, "_could_gain"),
+    "victim_search": (preemption.CheapestVictims, "select"),
+    "fit": (scheduler.Scheduler, "_try_fit"),
+    # every batch the control plane applies: plans, submissions, backend facts
+    "control_plane_apply": (controlplane.ControlPlane, "apply"),
+    "rest_of_planning": (scheduler.Scheduler, "plan"),
+}
+
+
+class Timers:
+    """Exclusive CPU per phase: a phase's time minus that of the phases it calls."""
+
+    def __init__(self) -> None:
+        self.spent: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._stack: list[list[float]] = []  # [start, time spent in inner phases]
+
+    def wrap(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        clock, stack, spent, calls = time.process_time, self._stack, self.spent, self.calls
+
+        def timed(*args: Any, **kw: Any) -> Any:
+            frame = [clock(), 0.0]
+            stack.append(frame)
+            try:
+                return fn(*args, **kw)
+            finally:
+                stack.pop()
+                took = clock() - frame[0]
+                spent[phase] += took - frame[1]
+                calls[phase] += 1
+                if stack:
+                    stack[-1][1] += took
+
+        return timed
+
+
+def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
+    load, _, _ = INPUTS[name]
+    trace = load()
+    timers = Timers()
+    counts: Counter[str] = Counter()
+    saved: list[tuple[Any, str, Any]] = []
+
+    def patch(owner: Any, attr: str, new: Any) -> None:
+        saved.append((owner, attr, owner.__dict__[attr]))
+        setattr(owner, attr, new)
+
+    for phase, (owner, attr) in PHASES.items():
+        patch(owner, attr, timers.wrap(phase, owner.__dict__[attr]))
+    plan = scheduler.Scheduler.plan
+
+    def counted_plan(self: scheduler.Scheduler, cp: Any, cause_id: str | None = None) -> Any:
+        cached = self._reservation_cache
+        p = plan(self, cp, cause_id)
+        counts["cycles"] += 1
+        counts["turns"] += p.considered
+        counts["turns_skipped_by_early_stop"] += p.stopped_early
+        counts["queued_at_cycle_start"] += p.considered + p.stopped_early
+        if self._reservation_cache is not cached:
+            counts["projections_computed"] += 1
+        return p
+
+    patch(scheduler.Scheduler, "plan", counted_plan)
+    search = preemption.CheapestVictims._search
+
+    def counted_search(self: preemption.CheapestVictims, *args: Any) -> Any:
+        before = self._cursor
+        got = search(self, *args)
+        counts["victim_searches_scanned"] += 1
+        counts["victim_nodes_examined"] += self._cursor - before
+        return got
+
+    patch(preemption.CheapestVictims, "_search", counted_search)
+    choice = gain.gain_choice
+
+    def counted_choice(*args: Any, **kw: Any) -> Any:
+        counts["gain_searches"] += 1
+        return choice(*args, **kw)
+
+    patch(scheduler, "gain_choice", counted_choice)
+    t0 = time.process_time()
+    try:
+        r = replay(trace, ReplayConfig(policy=policy, checkpoint=parse_checkpoint_model(checkpoint)))
+    finally:
+        for owner, attr, fn in reversed(saved):
+            setattr(owner, attr, fn)
+    total = time.process_time() - t0
+    scheduled = sum(timers.spent.values())
+    spent = dict(timers.spent)
+    spent["everything_else"] = total - scheduled
+    counts["head_projections"] = timers.calls["project_head"]
+    counts["gain_tests"] = timers.calls["gain_test"]
+    counts["victim_selects"] = timers.calls["victim_search"]
+    return {
+        "input": name,
+        "policy": policy,
+        "jobs": len(trace.jobs),
+        "cpu_s": round(total, 3),
+        "avg_jct_s": r.metrics["avg_jct_s"],
+        "decisions": r.metrics["decisions"],
+        "counts": dict(sorted(counts.items())),
+        "cpu_s_by_phase": {k: round(v, 3) for k, v in sorted(spent.items(), key=lambda x: -x[1])},
+        "share_by_phase": {k: round(v / total, 3) for k, v in sorted(spent.items(), key=lambda x: -x[1])},
+        "overhead": "timers on every phase call: compare shares and counts, not this CPU figure",
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--input", default="philly-5000", help=f"one of {', '.join(INPUTS)}")
+    ap.add_argument("--policy", default="mlwe")
+    ap.add_argument("--checkpoint", default="periodic:1800,cost=0,restart=60")
+    args = ap.parse_args()
+    if args.input not in INPUTS:
+        sys.exit(f"unknown input {args.input!r}; known: {', '.join(INPUTS)}")
+    print(json.dumps(profile(args.input, args.policy, args.checkpoint)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
