@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Container, Iterator
+from functools import lru_cache
 from operator import itemgetter
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -233,28 +234,21 @@ def could_gain(
     return False, wake
 
 
-#: whether a ``select`` function takes ``equals``, per function (its signature is read once)
-_TAKES_EQUALS: dict[object, bool] = {}
-
-
 def takes_equals(policy: PreemptionPolicy) -> bool:
     """Whether ``policy.select`` takes an ``equals`` test (victims among equals),
-    read from its signature. (A TypeError raised inside a search is a bug to
-    surface, never a sign that the policy does not take it.)"""
+    read from its signature. A TypeError raised inside a search is a bug to
+    surface, never a sign that the policy does not take it."""
     select = getattr(policy, "select", None)
-    if select is None:
+    return select is not None and _takes_equals(getattr(select, "__func__", select))
+
+
+@lru_cache(maxsize=64)  # one entry per select function: its signature is read once
+def _takes_equals(select: Callable[..., object]) -> bool:
+    try:
+        params = inspect.signature(select).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: assume the plain protocol
         return False
-    fn = getattr(select, "__func__", select)
-    got = _TAKES_EQUALS.get(fn)
-    if got is None:
-        try:
-            params = list(inspect.signature(select).parameters.values())
-        except (TypeError, ValueError):  # no signature to read: assume the plain protocol
-            params = []
-        got = _TAKES_EQUALS[fn] = any(
-            p.name == "equals" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params
-        )
-    return got
+    return any(p.name == "equals" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def cost_of(v: Workload, now: float) -> float:
