@@ -199,13 +199,17 @@ def test_gpu_models_devices_and_environment_follow_the_placement(
     assert driver.rec.rejected == []
 
 
-def test_gang_starts_whole_or_not_at_all(driver: Driver) -> None:
+def test_gang_starts_whole_or_not_at_all(driver: Driver, tmp_path: Path) -> None:
     import ray
 
     # something outside mlwe holds n1's GPUs on Ray: the gang's n1 bundle cannot be reserved
     holder = ray.remote(num_gpus=2, resources={"mlwe_node:n1": 1})(_Holder).remote()
     ray.get(holder.ping.remote(), timeout=60)
-    driver.submit(_spec("gang", [*SYNTH, "--work", "1"], replicas=2,
+    # each replica waits at 30 % of its work until released, so that both surely run at
+    # once when the test looks, however late either starts on a loaded machine
+    gate = tmp_path / "release-gang"
+    driver.submit(_spec("gang", [*SYNTH, "--work", "1", "--hold-at", "0.3",
+                                 "--hold-file", str(gate)], replicas=2,
                         resources={"gpu": 2, "cpu": 1}))
     driver.run_until(lambda: driver.state("gang") is State.STARTING, what="gang to be started")
     t0 = time.monotonic()
@@ -219,16 +223,17 @@ def test_gang_starts_whole_or_not_at_all(driver: Driver) -> None:
     info = driver.backend.attempt_info("gang", 1)
     assert info is not None and info["phase"] == "placing"
     ray.kill(holder)
-    seen_together: list[set[int]] = []
 
     def both_alive() -> bool:
         info = driver.backend.attempt_info("gang", 1)
-        if info and all(r["pid"] for r in info["replicas"]):
-            seen_together.append({r["pid"] for r in info["replicas"] if psutil.pid_exists(r["pid"])})
-        return driver.state("gang") is State.SUCCEEDED
+        pids = [r["pid"] for r in info["replicas"]] if info else []
+        return len(pids) == 2 and all(p and _alive(p) for p in pids)
 
-    driver.run_until(both_alive, what="the gang to run and finish")
-    assert any(len(s) == 2 for s in seen_together)  # both replicas' programs ran at once
+    # both replicas' programs run at once (each holds at its barrier until the gate opens)
+    driver.run_until(both_alive, what="both replicas' programs to run at once")
+    assert driver.state("gang") is not State.SUCCEEDED
+    gate.touch()
+    driver.run_until(lambda: driver.state("gang") is State.SUCCEEDED, what="the gang to finish")
     info = driver.backend.attempt_info("gang", 1)
     assert info is not None
     assert sorted(r["node"] for r in info["replicas"]) == ["n0", "n1"]
