@@ -21,23 +21,32 @@ from tests.backends.harness import MonotonicClock
 from tests.backends.ray_cluster import BASE_NODES, new_prefix, ray_cluster
 
 
-def synthetic(wid: str, work: float, priority: str = "normal") -> WorkloadSpec:
+def synthetic(wid: str, work: float, priority: str = "normal",
+              hold: tuple[float, Path] | None = None) -> WorkloadSpec:
+    """``hold``: (fraction, file): the program waits at that fraction of its work
+    until the file exists, so that it surely still runs when the test needs it to."""
+    gate = ("--hold-at", str(hold[0]), "--hold-file", str(hold[1])) if hold else ()
     return WorkloadSpec(
         id=wid, name=wid, priority=priority, resources={"gpu": 2, "cpu": 1, "memory": "256Mi"},
         gpu_models=("A100-80GB",), estimated_duration=work,
         command=(sys.executable, "-m", "mlwe.programs.synthetic", "--work", str(work),
-                 "--memory", "16Mi", "--phases", "0.3:1", "--report-every", "0.2"),
+                 "--memory", "16Mi", "--phases", "0.3:1", "--report-every", "0.2", *gate),
     )
 
 
-def _wait(eng: Engine, pred: Any, timeout: float = 60.0) -> bool:
+def _wait(eng: Engine, pred: Any, what: str, timeout: float = 120.0) -> None:
+    """Until ``pred(eng)`` holds (under the engine's lock); on timeout, fail naming
+    ``what`` and every workload's state, attempt and failure cause."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         with eng.lock:
             if pred(eng):
-                return True
+                return
         time.sleep(0.05)
-    return False
+    with eng.lock:
+        states = {w.id: (w.state.value, w.attempt, w.failure_cause)
+                  for w in eng.cp.workloads.values()}
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}: {states}")
 
 
 def test_engine_runs_preempts_and_adopts_on_ray(tmp_path: Path) -> None:
@@ -55,12 +64,16 @@ def test_engine_runs_preempts_and_adopts_on_ray(tmp_path: Path) -> None:
     sub = eng.streams.subscribe(["telemetry"], buffer=10_000)
     eng.start()
     try:
-        eng.submit([synthetic("batch", 8.0)])
-        assert _wait(eng, lambda e: e.cp.workloads["batch"].progress > 0.05)
+        # batch waits at 60 % of its work until the gate opens: it still runs (attempt 2)
+        # when the first engine closes, however slowly a loaded machine runs the test
+        gate = tmp_path / "release-batch"
+        eng.submit([synthetic("batch", 8.0, hold=(0.6, gate))])
+        _wait(eng, lambda e: e.cp.workloads["batch"].progress > 0.05, "batch to progress")
         eng.submit([synthetic("urgent", 0.5, priority="urgent")])  # needs batch's GPUs
-        assert _wait(eng, lambda e: e.cp.workloads["urgent"].state is State.SUCCEEDED)
-        assert _wait(eng, lambda e: e.cp.workloads["batch"].state is State.RUNNING
-                     and e.cp.workloads["batch"].attempt == 2)
+        _wait(eng, lambda e: e.cp.workloads["urgent"].state is State.SUCCEEDED,
+              "urgent to preempt batch and succeed")
+        _wait(eng, lambda e: e.cp.workloads["batch"].state is State.RUNNING
+              and e.cp.workloads["batch"].attempt == 2, "batch to run again (attempt 2)")
         batch = eng.cp.workloads["batch"]
         released_at = next(t.time for t in batch.history if t.target is State.PREEMPTED)
         starting_at = next(t.time for t in eng.cp.workloads["urgent"].history
@@ -77,7 +90,9 @@ def test_engine_runs_preempts_and_adopts_on_ray(tmp_path: Path) -> None:
     try:
         assert eng2.last_restart is not None and eng2.last_restart.adopted == ["batch"]
         eng2.start()
-        assert _wait(eng2, lambda e: e.cp.workloads["batch"].state is State.SUCCEEDED)
+        gate.touch()
+        _wait(eng2, lambda e: e.cp.workloads["batch"].state is State.SUCCEEDED,
+              "the adopted batch to succeed")
         batch = eng2.cp.workloads["batch"]
         assert batch.attempt == 2  # adopted, not restarted
         assert eng2.audit.verify().ok and eng2.cp.validate_state() == []
