@@ -32,7 +32,6 @@ import functools
 import importlib.util
 import json
 import math
-import sys
 from dataclasses import replace
 from typing import Any
 
