@@ -74,9 +74,8 @@ def windows(full: Trace, count: int, jobs: int, load: float) -> list[tuple[int, 
         part = replace(full, name=f"{full.name}[{start}:{start + jobs}]",
                        jobs=full.jobs[start:start + jobs])
         biggest = max(j.spec.resources.gpu * j.spec.replicas // 1000 for j in part.jobs)
-        want = gpu_seconds(part) / load
-        span = max(j.submit_time for j in part.jobs) - min(j.submit_time for j in part.jobs)
-        nodes = max(1, math.ceil(want / max(span, 1.0) / GPUS_PER_NODE),
+        # offered load on one node / the load asked for = the nodes that give that load
+        nodes = max(1, math.ceil(offered_load(part, GPUS_PER_NODE) / load),
                     math.ceil(biggest / GPUS_PER_NODE))
         out.append((start, replace(part, cluster=_cluster(nodes))))
     return out
