@@ -486,15 +486,6 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def attained_service(w: Workload, now: float) -> float:
-    """Seconds of work ``w`` has done (saved work, plus its current run)."""
-    done = w.work_done
-    if w.started_at is not None:
-        restore = w.spec.restart_cost if w.run_base_work > 0 else 0.0
-        done = max(done, w.run_base_work + max(0.0, now - w.started_at - restore))
-    return done
-
-
 def seed(estimator: RuntimeEstimator, runs: Iterable[tuple[WorkloadSpec, float]]) -> None:
     """Teach ``estimator`` past runs given as (spec, seconds of work)."""
     for spec, secs in runs:
