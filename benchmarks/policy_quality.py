@@ -41,7 +41,8 @@ PHILLY_POLICIES = ["mlwe", "fifo-backfill", "tiresias", "sjf", "srtf"]
 ITP_POLICIES = ["mlwe", "fifo-backfill", "tiresias", "edf", "sjf"]
 AUTHORS = {"tiresias-free": 13_747.0, "srtf-free": 13_543.57}
 KEYS = (
-    "jobs", "completed", "avg_jct_s", "median_jct_s", "p99_jct_s", "avg_queue_delay_s",
+    "jobs", "completed", "avg_jct_s", "median_jct_s", "p99_jct_s", "avg_bounded_slowdown",
+    "p99_bounded_slowdown", "max_bounded_slowdown", "avg_queue_delay_s",
     "max_queue_delay_s", "gpu_util", "deadline_met_ratio", "preemptions",
     "gpu_hours_lost_to_preemption", "estimate_p50_rel_error", "estimate_p90_rel_error",
     "estimate_coverage", "checkpoint_model", "placement", "wall_s", "jobs_per_s",

@@ -294,3 +294,14 @@ def test_unknown_policy_and_bad_options_are_rejected() -> None:
 )
 def test_power_of_two_levels(seconds: float, level: int) -> None:
     assert power_of_two_level(seconds) == level
+
+
+def test_bounded_slowdown_reads_the_short_job_left_waiting() -> None:
+    # one GPU, FIFO: a runs 0-100; b (5 s, submitted at 1) waits for it and ends at
+    # 105: JCT 104 over the 10 s floor = 10.4; a's slowdown is 1; c (submitted at 200,
+    # 3 s) runs at once: its JCT 3 is under the floor, so 1, not 0.3
+    m = run("fifo", trace(job("a", 0, 100), job("b", 1, 5), job("c", 200, 3))).metrics
+    assert m["max_bounded_slowdown"] == 10.4
+    assert m["avg_bounded_slowdown"] == round((1 + 10.4 + 1) / 3, 3)
+    # the 99th percentile between the two largest (1 and 10.4), interpolated
+    assert m["p99_bounded_slowdown"] == round(1 + 9.4 * 0.98, 3)

@@ -88,6 +88,9 @@ TABLE_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("avg JCT", lambda m: _dur(m.get("avg_jct_s"))),
     ("median JCT", lambda m: _dur(m.get("median_jct_s"))),
     ("p99 JCT", lambda m: _dur(m.get("p99_jct_s"))),
+    ("bounded slowdown avg / p99 / max", lambda m: "-" if m.get("avg_bounded_slowdown") is None
+     else f"{_num(m.get('avg_bounded_slowdown'))} / {_num(m.get('p99_bounded_slowdown'))}"
+     f" / {_num(m.get('max_bounded_slowdown'))}"),
     ("avg queueing delay", lambda m: _dur(m.get("avg_queue_delay_s"))),
     ("p99 queueing delay", lambda m: _dur(m.get("p99_queue_delay_s"))),
     ("makespan", lambda m: _dur(m.get("makespan_s"))),
@@ -440,7 +443,9 @@ def _report_md(results: Sequence[ReplayResult], plots: Sequence[Path]) -> str:
         "accept the node's GPU model (none accepting it: all its free GPUs are unusable), "
         "averaged over those samples; \"free GPUs too few on node\" counts only nodes whose "
         "model some waiting workload accepts (the packing share); fairness = Jain's index of "
-        "mean slowdown per queue.",
+        "mean slowdown per queue; bounded slowdown = max(1, JCT / max(run time, 10 s)) of "
+        "each job that succeeded (its tail shows short jobs left waiting, which a JCT "
+        "percentile hides among long ones).",
         "",
     ]
     lines += ["## Deadline outcomes by priority class", ""]
