@@ -444,8 +444,8 @@ def _report_md(results: Sequence[ReplayResult], plots: Sequence[Path]) -> str:
         "averaged over those samples; \"free GPUs too few on node\" counts only nodes whose "
         "model some waiting workload accepts (the packing share); fairness = Jain's index of "
         "mean slowdown per queue; bounded slowdown = max(1, JCT / max(run time, 10 s)) of "
-        "each job that succeeded (its tail shows short jobs left waiting, which a JCT "
-        "percentile hides among long ones).",
+        "each job that succeeded, run time being the work the trace gives it (its tail "
+        "shows short jobs left waiting, which a JCT percentile hides among long ones).",
         "",
     ]
     lines += ["## Deadline outcomes by priority class", ""]
