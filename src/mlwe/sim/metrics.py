@@ -396,17 +396,16 @@ class Metrics:
             o = outcomes.setdefault(r.priority, {"met": 0, "late": 0, "unfinished": 0})
             o["met" if ok else "late" if r.state == "succeeded" else "unfinished"] += 1
         queues: dict[str, list[float]] = {}
-        for r in done:
-            if r.finish is not None and r.duration > 0:
-                queues.setdefault(r.queue, []).append((r.finish - r.submit) / r.duration)
-        slowdowns = [sum(v) / len(v) for v in queues.values()]
         # bounded slowdown of every succeeded job whose run time is known: the tail a
         # JCT percentile hides (a short job that waited days reads as a few days of
         # JCT among jobs that run for weeks; its slowdown reads thousands)
-        bsld = [
-            max(1.0, (r.finish - r.submit) / max(r.duration, BSLD_TAU_S))
-            for r in done if r.finish is not None and r.duration > 0
-        ]
+        bsld: list[float] = []
+        for r in done:
+            if r.finish is not None and r.duration > 0:
+                jct_s = r.finish - r.submit
+                queues.setdefault(r.queue, []).append(jct_s / r.duration)
+                bsld.append(max(1.0, jct_s / max(r.duration, BSLD_TAU_S)))
+        slowdowns = [sum(v) / len(v) for v in queues.values()]
         span = max(1e-9, end - first)
         samples = self.series.samples
         fragmented = [s for s in samples if s.fragmentation is not None]
