@@ -176,7 +176,7 @@ def _reference_candidates(
             left=expected_left(remaining, v, now, cfg.gain_prior_s),
             cost=cost_of(v, now),
             loss=max(v.gpus(), 1e-3) * since if iv else 0.0,
-            wait=max(0.0, iv + v.spec.checkpoint_cost - since) if iv else 0.0,
+            wait=(v.next_checkpoint(now) or now) - now,
             evictable=preemptible(v, now) is None,
             held=tuple((a.node, a.res.gpu) for a in v.placement),
         ))

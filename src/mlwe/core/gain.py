@@ -142,6 +142,7 @@ class GainPool:
         assert started is not None
         iv = spec.checkpoint_interval
         ckpt = v.last_checkpoint_at
+        wait = 0.0
         if iv:
             begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
             period = iv + spec.checkpoint_cost
@@ -149,6 +150,7 @@ class GainPool:
             if n > 0:
                 t = begin + n * period
                 ckpt = t if ckpt is None else max(ckpt, t)
+            wait = begin + (n + 1) * period - now  # v.next_checkpoint(now) - now
         risk = max(0.0, now - (ckpt if ckpt is not None else started))
         since = risk if iv else 0.0
         return Candidate(
@@ -156,7 +158,7 @@ class GainPool:
             left,
             risk + spec.restart_cost + spec.checkpoint_cost,
             max(v.gpus(), 1e-3) * since if iv else 0.0,
-            max(0.0, iv + spec.checkpoint_cost - since) if iv else 0.0,
+            wait,
             not (
                 spec.protected
                 or max(0.0, now - started) < spec.min_runtime
@@ -234,6 +236,12 @@ def could_gain(
     return False, wake
 
 
+def _wait_for_checkpoint(v: Workload, now: float) -> float:
+    """Seconds until ``v``'s next periodic checkpoint is done (0.0: it takes none)."""
+    nxt = v.next_checkpoint(now)
+    return 0.0 if nxt is None else nxt - now
+
+
 def takes_equals(policy: PreemptionPolicy) -> bool:
     """Whether ``policy.select`` takes an ``equals`` test (victims among equals),
     read from its signature. A TypeError raised inside a search is a bug to
@@ -303,7 +311,7 @@ def gain_choice(
             # its next one (delaying the preemptor): now only if the loss is
             # small against the wait
             since = v.work_at_risk(now)
-            wait = max(0.0, iv + v.spec.checkpoint_cost - since)
+            wait = _wait_for_checkpoint(v, now)
             if max(v.gpus(), 1e-3) * since > share * g_p * wait:
                 wake[0] = min(wake[0], now + wait + 1e-6)
                 return False

@@ -105,6 +105,19 @@ class Workload:
                 best = t if best is None else max(best, t)
         return best
 
+    def next_checkpoint(self, now: float) -> float | None:
+        """When the current run's next periodic checkpoint is done (None: it takes
+        none): a checkpoint every ``checkpoint_interval`` seconds of work, counted
+        from the end of its restore, each taking ``checkpoint_cost``."""
+        started = self.started_at
+        spec = self.spec
+        interval = spec.checkpoint_interval
+        if started is None or not interval:
+            return None
+        begin = started + self._restart_overhead()
+        period = interval + spec.checkpoint_cost
+        return begin + (int(max(0.0, now - begin) // period) + 1) * period
+
     def saved_work(self, now: float) -> float:
         """Seconds of work that survive if the current run stopped now."""
         saved = self.work_done

@@ -231,6 +231,10 @@ class Scheduler:
         if not queued:
             return plan
         self._left, self._left_at = {}, cp.now()
+        if self._wake_at <= self._left_at:
+            # a wake that is due now has fired (this cycle may be its own): only
+            # the moments this cycle names count, or a wake it names is lost
+            self._wake_at = INF
         try:
             # 2. snapshot
             cycle = self._snapshot(cp, plan, queued, cause_id)
