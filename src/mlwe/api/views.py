@@ -343,7 +343,7 @@ def explain(cp: ClusterReads, w: Workload, decisions: list[DecisionRecord]) -> d
             if left >= 0
             else f"deadline missed by {-left:.0f} s"
         )
-    last = [d for d in decisions if d.kind in ("preempt", "unschedulable", "place", "reject")]
+    last = [d for d in decisions if d.kind in ("preempt", "drain", "unschedulable", "place", "reject")]
     if last:
         d = last[-1]
         parts.append(f"latest decision: {d.kind} by {d.policy}: " + "; ".join(d.reasons))

@@ -104,6 +104,8 @@ class Cycle:
     dominated: list[Dominator] = field(default_factory=list)
     #: workloads already chosen as victims in this cycle
     taken: set[str] = field(default_factory=set)
+    #: preemptors whose drain plan took their turn in this cycle
+    draining: set[str] = field(default_factory=set)
     no_victims: set[VictimKey] = field(default_factory=set)
     failed_searches: int = 0
     gain_searches: int = 0

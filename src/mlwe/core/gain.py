@@ -194,6 +194,7 @@ def could_gain(
     exclude: Container[str],
     pool: GainPool,
     now: float,
+    drain: bool = False,
 ) -> tuple[bool, float]:
     """Whether a gain search for one replica of ``w`` over the candidate ``nodes``
     could find anything, and the earliest moment a victim it passes over for the
@@ -206,7 +207,11 @@ def could_gain(
     False means the search finds nothing, and the wake time is the one it would
     report (both checked against the search in tests/sim/test_mlwe_policy.py).
     True is answered at the first node where passing victims free enough; its
-    wake time is then partial (the search that follows reports its own)."""
+    wake time is then partial (the search that follows reports its own).
+
+    ``drain``: victims that would lose too much now count as well (a drain plan
+    evicts them at their next checkpoint, see :func:`drain_choice`); the wake
+    time is then not computed (INF)."""
     r_p = expected_left(remaining, w, now, cfg.gain_prior_s)
     floor = cfg.gain_ratio * r_p
     budget = cfg.gain_wait_share * max(w.gpus(), 1e-3)
@@ -219,7 +224,7 @@ def could_gain(
         left = c.left
         if not (left >= floor and left > r_p + c.cost) or c.id in taken:
             continue  # the test first: it turns most candidates away, and costs nothing
-        if c.loss > budget * c.wait:  # evicting now loses too much: wait for its checkpoint
+        if not drain and c.loss > budget * c.wait:  # loses too much now: wait for its checkpoint
             t = now + c.wait + 1e-6
             if t < wake and any(
                 node in nodes and node not in exclude and status(node) is ready
@@ -336,3 +341,95 @@ def gain_choice(
         f" {cost / 3600:.2f} GPU-h ({w.id} expects {format_duration(r_p)} left)"
     )
     return (choice, gain, cost, why), wake[0]
+
+
+class DrainPlan(NamedTuple):
+    """Preemption among equals staged at the victims' checkpoints (a drain).
+
+    A waiting workload fits on ``node`` once ``due``'s victims are gone, but some
+    of them would lose too much work if evicted now, and their checkpoints are
+    not aligned: a search that asks every victim to be cheap at the same moment
+    rarely finds one. The plan evicts each victim at its own moment (now if it
+    is cheap now, else just after its next checkpoint) and holds the node for
+    the preemptor meanwhile: the GPUs a victim frees early stay idle until the
+    last one leaves, and that idle time is part of the plan's cost."""
+
+    node: str
+    #: victim id -> when to evict it (simulated or engine seconds)
+    due: dict[str, float]
+    gain: float
+    cost: float
+    #: the victims' GPUs x the time they stay idle, held for the preemptor
+    idle_gpu_s: float
+    why: str
+    choice: VictimChoice
+
+
+def drain_choice(
+    cfg: SchedulerConfig,
+    remaining: Callable[[Workload, float], float | None],
+    preemption: PreemptionPolicy,
+    cp: ControlPlane,
+    fork: CapacityIndex,
+    w: Workload,
+    shape: Shape,
+    taken: set[str],
+    exclude: frozenset[str],
+    now: float,
+) -> DrainPlan | None:
+    """A drain plan for one replica of ``w``, or None.
+
+    The victims pass :func:`gain_choice`'s test but for the work they would lose
+    now (they are evicted at their checkpoints instead). The plan is taken only
+    if the expected gain (as in :func:`gain_choice`) exceeds its cost: each
+    victim's restore and checkpoint pause, the work lost by those evicted now,
+    the GPU-seconds the held GPUs stay idle, and a gang penalty per broken gang.
+    None as well when every victim is cheap now (the plain search takes those)."""
+    if w.spec.replicas != 1 or not takes_equals(preemption):
+        return None
+    ratio, prior, share = cfg.gain_ratio, cfg.gain_prior_s, cfg.gain_wait_share
+    r_p = expected_left(remaining, w, now, prior)
+    g_p = max(w.gpus(), 1e-3)
+
+    def worth(v: Workload) -> bool:
+        r_v = expected_left(remaining, v, now, prior)
+        return r_v >= ratio * r_p and r_v > r_p + cost_of(v, now)
+
+    select: Callable[..., VictimChoice | None] = preemption.select
+    choice = select(cp, fork, w, shape, taken, exclude, equals=worth)
+    if choice is None or len({a.node for a in choice.allocs}) != 1:
+        return None
+    due: dict[str, float] = {}
+    lost = 0.0
+    for v, _ in choice.victims:
+        since = v.work_at_risk(now)
+        iv = v.spec.checkpoint_interval
+        wait = _wait_for_checkpoint(v, now)
+        g = max(v.gpus(), 1e-3)
+        if iv and g * since > share * g_p * wait:
+            due[v.id] = now + wait + 1e-6
+        else:
+            due[v.id] = now
+            lost += g * since
+    last = max(due.values())
+    if last == now:
+        return None
+    gain = cost = idle = 0.0
+    for v, _ in choice.victims:
+        g = max(v.gpus(), 1e-3)
+        gain += g * (expected_left(remaining, v, now, prior) - r_p)
+        idle += g * (last - due[v.id])
+        cost += g * (v.spec.restart_cost + v.spec.checkpoint_cost) + (
+            3600.0 if v.spec.replicas > 1 else 0.0
+        )
+    cost += lost + idle
+    if gain <= cost:
+        return None
+    node = choice.allocs[0].node
+    why = (
+        f"preemption among equals: expected gain {gain / 3600:.2f} GPU-h > cost"
+        f" {cost / 3600:.2f} GPU-h, drained on {node} at the victims' checkpoints (idle"
+        f" while draining {idle / 3600:.2f} GPU-h; the last leaves in"
+        f" {format_duration(last - now)}; {w.id} expects {format_duration(r_p)} left)"
+    )
+    return DrainPlan(node, due, gain, cost, idle, why, choice)

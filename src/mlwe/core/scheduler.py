@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from mlwe.core.actions import Action, Place, Preempt
+from mlwe.core.actions import Action, Place, Preempt, PreemptReason
 from mlwe.core.capacity import FULL, CapacityIndex, ReplicaAlloc, Shape
 from mlwe.core.controlplane import ApplyResult, ControlPlane
 from mlwe.core.cycle import (
@@ -30,8 +30,16 @@ from mlwe.core.cycle import (
 )
 from mlwe.core.decisions import DecisionRecord, digest
 from mlwe.core.estimator import RuntimeEstimator
-from mlwe.core.gain import GainPool, could_gain, expected_left, gain_choice
-from mlwe.core.lifecycle import State
+from mlwe.core.gain import (
+    DrainPlan,
+    GainPool,
+    cost_of,
+    could_gain,
+    drain_choice,
+    expected_left,
+    gain_choice,
+)
+from mlwe.core.lifecycle import QUEUED, State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import (
     INF,
@@ -55,8 +63,8 @@ from mlwe.core.policies.preemption import (
     describe_choice,
 )
 from mlwe.core.records import place_record, why_waiting
-from mlwe.core.rules import quota_verdict
-from mlwe.core.spec import WorkloadSpec
+from mlwe.core.rules import gain_violations, preemptible, quota_verdict
+from mlwe.core.spec import NodeStatus, WorkloadSpec
 
 
 @contextmanager
@@ -102,6 +110,10 @@ class SchedulerConfig:
     #: this share of the preemptor's GPUs x the time to the victim's next
     #: checkpoint; otherwise the scheduler wakes then and looks again
     gain_wait_share: float = 0.1
+    #: when no victim set is cheap all at once, drain one: evict each victim at
+    #: its own next checkpoint and hold the node for the preemptor meanwhile
+    #: (one-replica preemptors; see :class:`mlwe.core.gain.DrainPlan`)
+    gain_drain: bool = False
 
 
 class Scheduler:
@@ -131,6 +143,8 @@ class Scheduler:
         self._reservation_cache: tuple[str, int, float, Reservation | None] | None = None
         #: the next moment a deferred preemption among equals becomes cheap
         self._wake_at = INF
+        #: drain plans in progress, by preemptor (scheduler memory, like _nominated)
+        self._drains: dict[str, DrainPlan] = {}
         #: remaining-time answers of the cycle being planned (None between cycles)
         self._left: dict[str, float | None] | None = None
         self._left_at = 0.0
@@ -218,6 +232,8 @@ class Scheduler:
 
         1. prepare: attach the estimator; an empty queue is an empty plan;
         2. snapshot: order the queue and fork capacity (decide on the fork only);
+           then the drain plans in progress evict their due victims and hold
+           their nodes (:meth:`_run_drains`; only with ``gain_drain``);
         3. each workload in order takes its turn (:meth:`_turn`): wait for its
            victims, fit (or backfill), preempt by priority, preempt for gain, or
            record why it waits; a turn may end the cycle;
@@ -238,6 +254,8 @@ class Scheduler:
         try:
             # 2. snapshot
             cycle = self._snapshot(cp, plan, queued, cause_id)
+            if self._drains:
+                self._run_drains(cycle)
             # 3. turns
             for rank, w in enumerate(cycle.order):
                 if self._turn(cycle, rank, w):
@@ -283,8 +301,8 @@ class Scheduler:
         f. otherwise it waits, and may become the blocked head.
         """
         cycle.plan.considered += 1
-        # a. victims still releasing
-        if self._waits_for_victims(cycle, rank, w):
+        # a. a drain plan in progress, or victims still releasing
+        if w.id in cycle.draining or self._waits_for_victims(cycle, rank, w):
             return False
         # b. no acceptable hardware at all
         models, shape = self.shape_for(cycle.cp, w)
@@ -465,14 +483,14 @@ class Scheduler:
             return False
         cycle.gain_searches += 1
         if not self._could_gain(cycle, turn):
-            return False
+            return self._drain_for_gain(cycle, turn)
         got, wake = gain_choice(
             self.config, self.remaining, self.preemption,
             cycle.cp, cycle.fork, turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now,
         )
         self._wake_at = min(self._wake_at, wake)
         if got is None:
-            return False
+            return self._drain_for_gain(cycle, turn)
         choice, gain, cost, why_gain = got
         self._evict_for(
             cycle, turn, choice, f"{self.name}/{self.preemption.name}+gain", (why_gain,),
@@ -541,6 +559,164 @@ class Scheduler:
             if miss is None or r_p < miss.r_p:
                 cycle.gain_misses[key] = GainMiss(r_p, woke)
         return possible
+
+    # ------------------------------------------------------------- drain plans
+    def _drain_for_gain(self, cycle: Cycle, turn: Turn) -> bool:
+        """Phase 3e: no victim set is cheap to evict now; with ``gain_drain``, a
+        drain plan instead (:func:`mlwe.core.gain.drain_choice`): registered,
+        its due victims evicted at once, its node held. True if one was made.
+
+        Tried only where the search's own test on the cycle's pool applies
+        (:meth:`_could_gain`'s conditions, one replica): that test, counting the
+        victims that would lose too much now, says first whether a search could
+        find anything at all."""
+        if not self.config.gain_drain or turn.w.spec.replicas != 1:
+            return False
+        pool = cycle.gain_pools.get(turn.w.priority)
+        node_set = cycle.node_sets.get(turn.shape.models)
+        if pool is None or node_set is None:
+            return False  # the pool test did not apply (see _could_gain)
+        possible, _ = could_gain(
+            self.config, self.remaining, turn.w, turn.shape, cycle.fork, node_set,
+            cycle.taken, turn.exclude, pool, cycle.now, drain=True,
+        )
+        if not possible:
+            return False
+        d = drain_choice(
+            self.config, self.remaining, self.preemption, cycle.cp, cycle.fork,
+            turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now,
+        )
+        if d is None:
+            return False
+        self._drains[turn.w.id] = d
+        cycle.plan.decisions.append(
+            DecisionRecord(
+                kind="drain",
+                workload=turn.w.id,
+                policy=f"{self.name}/{self.preemption.name}+drain",
+                chosen="drain " + ", ".join(
+                    f"{v} at +{max(0.0, t - cycle.now):.0f}s" for v, t in d.due.items()
+                ),
+                reasons=(d.why, *describe_choice(turn.w, d.choice, cycle.cp)),
+                candidates=d.choice.alternatives,
+                inputs_digest=digest(cycle.cp.version, turn.w.id, turn.shape, sorted(cycle.taken)),
+                cause_id=cycle.cause_id,
+                extra=self._drain_extra(d),
+            )
+        )
+        self._step_drain(cycle, turn.w, d, turn.rank + 1 < len(cycle.order))
+        return True
+
+    @staticmethod
+    def _drain_extra(d: DrainPlan) -> dict[str, Any]:
+        return {
+            "gain_gpu_s": round(d.gain, 3),
+            "cost_gpu_s": round(d.cost, 3),
+            "idle_gpu_s": round(d.idle_gpu_s, 3),
+        }
+
+    def _run_drains(self, cycle: Cycle) -> None:
+        """Phase 2b: every drain plan in progress, before any turn: dropped if it no
+        longer holds (:meth:`_drain_holds`), else its due victims evicted and
+        its node held for the whole cycle (so nothing ranked before the
+        preemptor takes the GPUs its early victims freed)."""
+        workloads = cycle.cp.workloads
+        for pid in list(self._drains):
+            d = self._drains[pid]
+            p = workloads.get(pid)
+            if p is None or not self._drain_holds(cycle, p, d):
+                del self._drains[pid]
+                continue
+            self._step_drain(cycle, p, d, True)
+
+    def _drain_holds(self, cycle: Cycle, p: Workload, d: DrainPlan) -> bool:
+        """Whether ``d`` still holds: ``p`` waits, its node is ready, every victim
+        not yet evicted still runs there at ``p``'s priority and may still be
+        evicted for gain (a due one still passes the gain test), and ``p`` fits
+        once they and those still releasing are gone."""
+        cp, now, fork = cycle.cp, cycle.now, cycle.fork
+        if p.state not in QUEUED or fork.status(d.node) is not NodeStatus.READY:
+            return False
+        cfg = self.config
+        r_p = expected_left(self.remaining, p, now, cfg.gain_prior_s)
+        release: list[ReplicaAlloc] = []
+        for vid, due in d.due.items():
+            v = cp.workloads.get(vid)
+            if v is None:
+                return False
+            if vid in p.victims:
+                if v.state is State.PREEMPTING:
+                    release.extend(a for a in v.placement if a.node == d.node)
+                continue
+            if (
+                v.state not in (State.ADMITTED, State.STARTING, State.RUNNING)
+                or vid in cycle.taken
+                or v.priority != p.priority
+                or gain_violations(p, v, now)
+                or preemptible(v, now) is not None
+            ):
+                return False
+            mine = [a for a in v.placement if a.node == d.node]
+            if not mine:
+                return False
+            release.extend(mine)
+            if due <= now:
+                r_v = expected_left(self.remaining, v, now, cfg.gain_prior_s)
+                if not (r_v >= cfg.gain_ratio * r_p and r_v > r_p + cost_of(v, now)):
+                    return False
+        _, shape = self.shape_for(cp, p)
+        return fork.fit_after_release(d.node, shape, release) is not None
+
+    def _step_drain(self, cycle: Cycle, p: Workload, d: DrainPlan, hold_node: bool) -> None:
+        """Evict ``d``'s due victims (one Preempt each, reason "gain", with the
+        plan's gain and cost on its record), keep the rest from other searches,
+        hold the node (``hold_node``: later turns read the fork), and end the
+        plan once its last victim is evicted (the preemptor then waits for the
+        release as any preemptor does)."""
+        cp, now, plan = cycle.cp, cycle.now, cycle.plan
+        left: list[float] = []
+        for vid, due in d.due.items():
+            if vid in p.victims:
+                continue
+            cycle.taken.add(vid)
+            if due > now:
+                left.append(due)
+                continue
+            v = cp.workloads[vid]
+            plan.actions.append(Preempt(vid, p.id, PreemptReason.GAIN))
+            plan.decisions.append(
+                DecisionRecord(
+                    kind="preempt",
+                    workload=p.id,
+                    policy=f"{self.name}/{self.preemption.name}+drain",
+                    chosen=f"evict {vid}",
+                    reasons=(
+                        d.why,
+                        f"evict {vid} on {d.node} now (drain step): lost work"
+                        f" {v.gpus() * v.work_at_risk(now) / 60:.0f} GPU-min since its"
+                        " last checkpoint",
+                    ),
+                    inputs_digest=digest(cp.version, p.id, d.node, vid),
+                    cause_id=cycle.cause_id,
+                    extra=self._drain_extra(d),
+                )
+            )
+        if hold_node and cycle.fork.status(d.node) is NodeStatus.READY:
+            cycle.fork.set_status(d.node, NodeStatus.CORDONED)
+        cycle.draining.add(p.id)
+        if left:
+            nxt = min(left)
+            self._wake_at = min(self._wake_at, nxt)
+            plan.pending[p.id] = (
+                f"draining {d.node} for it: {len(left)} victim(s) still to evict at their"
+                f" checkpoints, next in {nxt - now:.0f}s"
+            )
+        else:
+            del self._drains[p.id]
+            self._nominated[p.id] = frozenset({d.node})
+            plan.pending[p.id] = (
+                f"drained {d.node}: its last victim(s) evicted; placed once released"
+            )
 
     def _evict_for(
         self,
