@@ -108,8 +108,10 @@ class SchedulerConfig:
     gain_prior_s: float = 600.0
     #: evict an equal now only if its GPUs x the work it would lose is at most
     #: this share of the preemptor's GPUs x the time to the victim's next
-    #: checkpoint; otherwise the scheduler wakes then and looks again
-    gain_wait_share: float = 0.1
+    #: checkpoint; otherwise the scheduler wakes then and looks again (0.05:
+    #: measured on the eight Philly windows once the wake really ran, against 0.1
+    #: and 0.3; see benchmarks/policy_windows.py)
+    gain_wait_share: float = 0.05
     #: when no victim set is cheap all at once, drain one: evict each victim at
     #: its own next checkpoint and hold the node for the preemptor meanwhile
     #: (one-replica preemptors; see :class:`mlwe.core.gain.DrainPlan`)
