@@ -16,6 +16,7 @@ Cases (all by default):
   itp02-600-mlwe       itp:02 --limit 600, mlwe (deadlines)
   synthetic-mlwe       the synthetic mix, mlwe
   philly-2000-mlwe     philly --limit 2000 on nodes:16x8, mlwe (gain preemption)
+  philly-2000-drain    the same input, mlwe-drain (gain preemption with drain plans)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "itp02-600-mlwe": ("itp:02", {"limit": 600}, "mlwe"),
     "synthetic-mlwe": ("synthetic", {}, "mlwe"),
     "philly-2000-mlwe": ("philly", {"limit": 2000, "cluster": "nodes:16x8"}, "mlwe"),
+    "philly-2000-drain": ("philly", {"limit": 2000, "cluster": "nodes:16x8"}, "mlwe-drain"),
 }
 
 

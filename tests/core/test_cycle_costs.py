@@ -343,14 +343,14 @@ def _gain_case() -> tuple[ControlPlane, Any, Workload, Shape]:
 
 
 def test_a_victim_policy_is_asked_for_equals_only_if_its_select_takes_them() -> None:
-    from mlwe.core.gain import gain_choice, takes_equals
+    from mlwe.core.gain import GainAsk, gain_choice, takes_equals
     from mlwe.core.policies.preemption import CheapestVictims, LowestPriorityVictims
 
     cp, sched, w, shape = _gain_case()
 
     def choose(policy: Any) -> Any:
-        got, _ = gain_choice(sched.config, sched.remaining, policy, cp, cp.capacity.fork(), w,
-                             shape, set(), frozenset(), cp.now())
+        got, _ = gain_choice(GainAsk(sched.config, sched.remaining, policy, cp,
+                                     cp.capacity.fork(), w, shape, set(), frozenset(), cp.now()))
         return got
 
     got = choose(CheapestVictims())

@@ -78,3 +78,25 @@ def test_at_the_named_wake_the_victim_is_cheap_and_evicted() -> None:
     assert [(a.kind, getattr(a, "victim", None)) for a in plan.actions] == [("preempt", "long")]
     assert cp.get("long").work_at_risk(cp.now()) < 1e-3
     assert not any(isinstance(a, Place) for a in plan.actions)
+
+
+def test_loses_too_much_weighs_the_work_at_risk_against_the_wait() -> None:
+    """The test a gain search and a drain plan share: evicting now is too dear
+    when the victim's GPUs x its work since the last checkpoint exceed the budget
+    (the preemptor's GPUs x gain_wait_share) x the wait for its next checkpoint;
+    a victim with no checkpoint interval gains nothing by waiting."""
+    from mlwe.core.gain import loses_too_much, outlasts
+
+    cp, clock = cluster(gpu_node("n0"), gpu_node("n1"))
+    running_on(cp, gpu_job("ck", estimated_duration=100_000, checkpoint_interval=1800), "n0")
+    running_on(cp, gpu_job("plain", estimated_duration=100_000), "n1")
+    clock.advance(900)  # halfway to the first checkpoint: 900 s at risk, 900 s to wait
+    ck, plain, now = cp.get("ck"), cp.get("plain"), cp.now()
+    g = ck.gpus()
+    assert loses_too_much(ck, now, budget=g * 0.99) == (True, 900.0)
+    assert loses_too_much(ck, now, budget=g * 1.0) == (False, 900.0)
+    assert loses_too_much(plain, now, budget=0.0) == (False, 0.0)
+    # the gain test: long enough against the ratio, and against the preemptor plus the cost
+    assert outlasts(10_000.0, 1_000.0, 500.0, ratio=4.0)
+    assert not outlasts(3_999.0, 1_000.0, 0.0, ratio=4.0)
+    assert not outlasts(10_000.0, 1_000.0, 9_000.0, ratio=4.0)

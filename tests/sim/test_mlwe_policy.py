@@ -123,10 +123,7 @@ def test_a_skipped_gain_search_would_have_found_nothing(
             return True
         skip_cursor, skip_wake = policy._cursor, self._wake_at
         policy._cursor = cursor
-        got, wake = gain_choice(
-            self.config, self.remaining, policy, cycle.cp, cycle.fork, turn.w, turn.shape,
-            cycle.taken, turn.exclude, cycle.now,
-        )
+        got, wake = gain_choice(self._gain_ask(cycle, turn))
         assert got is None, f"skipped a gain search for {turn.w.id} that finds {got}"
         assert policy._cursor == skip_cursor
         assert min(wake_before, wake) == skip_wake

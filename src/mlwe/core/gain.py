@@ -270,62 +270,91 @@ def cost_of(v: Workload, now: float) -> float:
     return v.work_at_risk(now) + v.spec.restart_cost + v.spec.checkpoint_cost
 
 
-def gain_choice(
-    cfg: SchedulerConfig,
-    remaining: Callable[[Workload, float], float | None],
-    preemption: PreemptionPolicy,
-    cp: ControlPlane,
-    fork: CapacityIndex,
-    w: Workload,
-    shape: Shape,
-    taken: set[str],
-    exclude: frozenset[str],
-    now: float,
-) -> tuple[GainChoice | None, float]:
-    """Victims of ``w``'s own priority worth evicting for it, or None.
+def outlasts(r_v: float, r_p: float, cost: float, ratio: float) -> bool:
+    """The gain test on expected remaining times: a victim expected to run ``r_v``
+    seconds more is worth evicting for a preemptor expected to run ``r_p`` when it
+    runs ``ratio`` times longer, and longer than the preemptor plus what evicting
+    it costs (``cost``, :func:`cost_of`). :func:`could_gain` spells it inline."""
+    return r_v >= ratio * r_p and r_v > r_p + cost
+
+
+def loses_too_much(v: Workload, now: float, budget: float) -> tuple[bool, float]:
+    """Whether evicting ``v`` now loses too much against waiting for its next
+    checkpoint, and that wait (seconds; 0.0 without a checkpoint interval).
+
+    Too much: its GPUs x the work since its last checkpoint exceed ``budget`` (the
+    preemptor's GPUs x ``gain_wait_share``) x the wait. Without a checkpoint
+    interval nothing is saved by waiting, and it never does."""
+    if not v.spec.checkpoint_interval:
+        return False, 0.0
+    wait = _wait_for_checkpoint(v, now)
+    return max(v.gpus(), 1e-3) * v.work_at_risk(now) > budget * wait, wait
+
+
+class GainAsk(NamedTuple):
+    """What a gain search (:func:`gain_choice`, :func:`drain_choice`) is asked: the
+    scheduler's configuration, estimator and victim policy, the cycle's control
+    plane and capacity fork, and one replica of the waiting workload ``w``."""
+
+    cfg: SchedulerConfig
+    remaining: Callable[[Workload, float], float | None]
+    preemption: PreemptionPolicy
+    cp: ControlPlane
+    fork: CapacityIndex
+    w: Workload
+    shape: Shape
+    #: workloads already chosen as victims this cycle, and nodes the replica may not use
+    taken: set[str]
+    exclude: frozenset[str]
+    now: float
+
+    def expect(self, x: Workload) -> float:
+        """``x``'s expected remaining run time (:func:`expected_left`)."""
+        return expected_left(self.remaining, x, self.now, self.cfg.gain_prior_s)
+
+    def select(self, worth: Callable[[Workload], bool]) -> VictimChoice | None:
+        """The victim policy's choice among the equals that pass ``worth``."""
+        select: Callable[..., VictimChoice | None] = self.preemption.select
+        return select(
+            self.cp, self.fork, self.w, self.shape, self.taken, self.exclude, equals=worth
+        )
+
+
+def gain_choice(ask: GainAsk) -> tuple[GainChoice | None, float]:
+    """Victims of ``ask.w``'s own priority worth evicting for it, or None.
 
     A victim qualifies when it is expected to run ``gain_ratio`` times longer
     than ``w`` and longer than ``w`` plus what evicting it costs (work since
-    its last checkpoint, its restore, its checkpoint pause); the core adds the
-    minimum quantum and the bound on preemptions. The set is taken only if the
-    expected gain, in GPU-seconds (each victim's GPUs x the time by which ``w``
-    is shorter), exceeds the cost (each victim's GPUs x its cost, plus a gang
-    penalty for each broken gang).
+    its last checkpoint, its restore, its checkpoint pause: :func:`outlasts`);
+    the core adds the minimum quantum and the bound on preemptions. One that
+    would lose too much now (:func:`loses_too_much`) is passed over until its
+    next checkpoint. The set is taken only if the expected gain, in GPU-seconds
+    (each victim's GPUs x the time by which ``w`` is shorter), exceeds the cost
+    (each victim's GPUs x its cost, plus a gang penalty for each broken gang).
 
     Also returns the earliest moment a victim passed over because evicting it now
     would lose too much becomes cheap (its next checkpoint; INF: none)."""
     wake = [INF]
-    ratio = cfg.gain_ratio
-    quantum = cfg.gain_prior_s
-
-    def expect(x: Workload) -> float:
-        return expected_left(remaining, x, now, quantum)
-
-    r_p = expect(w)
-
-    g_p = max(w.gpus(), 1e-3)
-    share = cfg.gain_wait_share
+    ratio, now = ask.cfg.gain_ratio, ask.now
+    expect = ask.expect
+    r_p = expect(ask.w)
+    budget = ask.cfg.gain_wait_share * max(ask.w.gpus(), 1e-3)
 
     def worth(v: Workload) -> bool:
-        r_v = expect(v)
-        if not (r_v >= ratio * r_p and r_v > r_p + cost_of(v, now)):
+        if not outlasts(expect(v), r_p, cost_of(v, now), ratio):
             return False
-        iv = v.spec.checkpoint_interval
-        if iv:
-            # evict now, losing the work since its last checkpoint, or wait for
-            # its next one (delaying the preemptor): now only if the loss is
-            # small against the wait
-            since = v.work_at_risk(now)
-            wait = _wait_for_checkpoint(v, now)
-            if max(v.gpus(), 1e-3) * since > share * g_p * wait:
-                wake[0] = min(wake[0], now + wait + 1e-6)
-                return False
+        # evict now, losing the work since its last checkpoint, or wait for its
+        # next one (delaying the preemptor): now only if the loss is small
+        # against the wait
+        too_much, wait = loses_too_much(v, now, budget)
+        if too_much:
+            wake[0] = min(wake[0], now + wait + 1e-6)
+            return False
         return True
 
-    if not takes_equals(preemption):
+    if not takes_equals(ask.preemption):
         return None, wake[0]  # a victim policy that knows no "equals"
-    select: Callable[..., VictimChoice | None] = preemption.select
-    choice = select(cp, fork, w, shape, taken, exclude, equals=worth)
+    choice = ask.select(worth)
     if choice is None:
         return None, wake[0]
     gain = cost = 0.0
@@ -338,7 +367,7 @@ def gain_choice(
         return None, wake[0]
     why = (
         f"preemption among equals: expected gain {gain / 3600:.2f} GPU-h > cost"
-        f" {cost / 3600:.2f} GPU-h ({w.id} expects {format_duration(r_p)} left)"
+        f" {cost / 3600:.2f} GPU-h ({ask.w.id} expects {format_duration(r_p)} left)"
     )
     return (choice, gain, cost, why), wake[0]
 
@@ -365,19 +394,8 @@ class DrainPlan(NamedTuple):
     choice: VictimChoice
 
 
-def drain_choice(
-    cfg: SchedulerConfig,
-    remaining: Callable[[Workload, float], float | None],
-    preemption: PreemptionPolicy,
-    cp: ControlPlane,
-    fork: CapacityIndex,
-    w: Workload,
-    shape: Shape,
-    taken: set[str],
-    exclude: frozenset[str],
-    now: float,
-) -> DrainPlan | None:
-    """A drain plan for one replica of ``w``, or None.
+def drain_choice(ask: GainAsk) -> DrainPlan | None:
+    """A drain plan for one replica of ``ask.w``, or None.
 
     The victims pass :func:`gain_choice`'s test but for the work they would lose
     now (they are evicted at their checkpoints instead). The plan is taken only
@@ -385,39 +403,36 @@ def drain_choice(
     victim's restore and checkpoint pause, the work lost by those evicted now,
     the GPU-seconds the held GPUs stay idle, and a gang penalty per broken gang.
     None as well when every victim is cheap now (the plain search takes those)."""
-    if w.spec.replicas != 1 or not takes_equals(preemption):
+    w, now = ask.w, ask.now
+    if w.spec.replicas != 1 or not takes_equals(ask.preemption):
         return None
-    ratio, prior, share = cfg.gain_ratio, cfg.gain_prior_s, cfg.gain_wait_share
-    r_p = expected_left(remaining, w, now, prior)
-    g_p = max(w.gpus(), 1e-3)
+    ratio = ask.cfg.gain_ratio
+    expect = ask.expect
+    r_p = expect(w)
+    budget = ask.cfg.gain_wait_share * max(w.gpus(), 1e-3)
 
     def worth(v: Workload) -> bool:
-        r_v = expected_left(remaining, v, now, prior)
-        return r_v >= ratio * r_p and r_v > r_p + cost_of(v, now)
+        return outlasts(expect(v), r_p, cost_of(v, now), ratio)
 
-    select: Callable[..., VictimChoice | None] = preemption.select
-    choice = select(cp, fork, w, shape, taken, exclude, equals=worth)
+    choice = ask.select(worth)
     if choice is None or len({a.node for a in choice.allocs}) != 1:
         return None
     due: dict[str, float] = {}
     lost = 0.0
     for v, _ in choice.victims:
-        since = v.work_at_risk(now)
-        iv = v.spec.checkpoint_interval
-        wait = _wait_for_checkpoint(v, now)
-        g = max(v.gpus(), 1e-3)
-        if iv and g * since > share * g_p * wait:
+        too_much, wait = loses_too_much(v, now, budget)
+        if too_much:
             due[v.id] = now + wait + 1e-6
         else:
             due[v.id] = now
-            lost += g * since
+            lost += max(v.gpus(), 1e-3) * v.work_at_risk(now)
     last = max(due.values())
     if last == now:
         return None
     gain = cost = idle = 0.0
     for v, _ in choice.victims:
         g = max(v.gpus(), 1e-3)
-        gain += g * (expected_left(remaining, v, now, prior) - r_p)
+        gain += g * (expect(v) - r_p)
         idle += g * (last - due[v.id])
         cost += g * (v.spec.restart_cost + v.spec.checkpoint_cost) + (
             3600.0 if v.spec.replicas > 1 else 0.0

@@ -32,12 +32,14 @@ from mlwe.core.decisions import DecisionRecord, digest
 from mlwe.core.estimator import RuntimeEstimator
 from mlwe.core.gain import (
     DrainPlan,
+    GainAsk,
     GainPool,
     cost_of,
     could_gain,
     drain_choice,
     expected_left,
     gain_choice,
+    outlasts,
 )
 from mlwe.core.lifecycle import QUEUED, State
 from mlwe.core.model import Workload, shape_of
@@ -56,6 +58,7 @@ from mlwe.core.policies.ordering import (
 )
 from mlwe.core.policies.placement import BestFit, PlacementPolicy
 from mlwe.core.policies.preemption import (
+    EVICTABLE,
     CheapestVictims,
     PreemptionPolicy,
     VictimChoice,
@@ -486,10 +489,7 @@ class Scheduler:
         cycle.gain_searches += 1
         if not self._could_gain(cycle, turn):
             return self._drain_for_gain(cycle, turn)
-        got, wake = gain_choice(
-            self.config, self.remaining, self.preemption,
-            cycle.cp, cycle.fork, turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now,
-        )
+        got, wake = gain_choice(self._gain_ask(cycle, turn))
         self._wake_at = min(self._wake_at, wake)
         if got is None:
             return self._drain_for_gain(cycle, turn)
@@ -502,6 +502,13 @@ class Scheduler:
         )
         return True
 
+    def _gain_ask(self, cycle: Cycle, turn: Turn) -> GainAsk:
+        """What a gain search for ``turn`` is asked, on this cycle's state."""
+        return GainAsk(
+            self.config, self.remaining, self.preemption, cycle.cp, cycle.fork,
+            turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now,
+        )
+
     def _could_gain(self, cycle: Cycle, turn: Turn) -> bool:
         """Whether a gain search for ``turn`` could find anything. Known without a
         node scan for GPU work (one replica, or a gang with no per-node cap) when
@@ -511,31 +518,12 @@ class Scheduler:
         (no node where one replica fits even with victims: no replica that needs
         them can be placed), with the wake time and rotating start the search
         would leave; the decisions are the search's, byte for byte."""
-        cp, w, shape = cycle.cp, turn.w, turn.shape
-        policy = self.preemption
-        if (
-            cycle.cohorts
-            or not shape.gpu
-            or not isinstance(policy, CheapestVictims)
-            or (w.spec.replicas != 1 and (shape.per_node or shape.max_per_node))
-        ):
-            return True
-        lowest = min(cp.holding_by_priority, default=w.priority + 1)
-        if lowest != w.priority:
-            # below: lower priorities may be victims too (search); above: no equal
-            # holds anything, and the search returns before it scans
-            return lowest < w.priority
-        nodes = candidate_nodes(cycle.fork, shape)
-        if not nodes or len(nodes) > policy.max_scan:
-            return bool(nodes)
-        pool = cycle.gain_pools.get(w.priority)
-        if pool is None:
-            pool = cycle.gain_pools[w.priority] = GainPool(
-                self.config, self.remaining, cp, w.priority, cycle.now
-            )
-        node_set = cycle.node_sets.get(shape.models)
-        if node_set is None:
-            node_set = cycle.node_sets[shape.models] = frozenset(nodes)
+        got = self._gain_pool(cycle, turn)
+        if isinstance(got, bool):
+            return got
+        pool, node_set = got
+        w, shape, policy = turn.w, turn.shape, self.preemption
+        assert isinstance(policy, CheapestVictims)  # (_gain_pool checked it)
         # an earlier search of this cycle for the same shape and room, by a preemptor
         # expected to end no later, found nothing: neither does this one (see GainMiss)
         key = (w.priority, shape, w.spec.replicas, turn.exclude, len(cycle.taken))
@@ -562,6 +550,41 @@ class Scheduler:
                 cycle.gain_misses[key] = GainMiss(r_p, woke)
         return possible
 
+    def _gain_pool(
+        self, cycle: Cycle, turn: Turn
+    ) -> tuple[GainPool, frozenset[str]] | bool:
+        """The cycle's holders of ``turn``'s priority and candidate nodes for its
+        shape, on which :func:`mlwe.core.gain.could_gain` decides whether a gain
+        search could find anything; or, where that test does not apply, the answer
+        known without it (True: only the search can tell; False: it finds nothing).
+        See :meth:`_could_gain` for when it applies."""
+        cp, w, shape = cycle.cp, turn.w, turn.shape
+        policy = self.preemption
+        if (
+            cycle.cohorts
+            or not shape.gpu
+            or not isinstance(policy, CheapestVictims)
+            or (w.spec.replicas != 1 and (shape.per_node or shape.max_per_node))
+        ):
+            return True
+        lowest = min(cp.holding_by_priority, default=w.priority + 1)
+        if lowest != w.priority:
+            # below: lower priorities may be victims too (search); above: no equal
+            # holds anything, and the search returns before it scans
+            return lowest < w.priority
+        nodes = candidate_nodes(cycle.fork, shape)
+        if not nodes or len(nodes) > policy.max_scan:
+            return bool(nodes)
+        pool = cycle.gain_pools.get(w.priority)
+        if pool is None:
+            pool = cycle.gain_pools[w.priority] = GainPool(
+                self.config, self.remaining, cp, w.priority, cycle.now
+            )
+        node_set = cycle.node_sets.get(shape.models)
+        if node_set is None:
+            node_set = cycle.node_sets[shape.models] = frozenset(nodes)
+        return pool, node_set
+
     # ------------------------------------------------------------- drain plans
     def _drain_for_gain(self, cycle: Cycle, turn: Turn) -> bool:
         """Phase 3e: no victim set is cheap to evict now; with ``gain_drain``, a
@@ -569,25 +592,22 @@ class Scheduler:
         its due victims evicted at once, its node held. True if one was made.
 
         Tried only where the search's own test on the cycle's pool applies
-        (:meth:`_could_gain`'s conditions, one replica): that test, counting the
-        victims that would lose too much now, says first whether a search could
-        find anything at all."""
+        (:meth:`_gain_pool`, one replica): that test, counting the victims that
+        would lose too much now, says first whether a search could find anything
+        at all."""
         if not self.config.gain_drain or turn.w.spec.replicas != 1:
             return False
-        pool = cycle.gain_pools.get(turn.w.priority)
-        node_set = cycle.node_sets.get(turn.shape.models)
-        if pool is None or node_set is None:
-            return False  # the pool test did not apply (see _could_gain)
+        got = self._gain_pool(cycle, turn)
+        if isinstance(got, bool):
+            return False  # the pool test does not apply
+        pool, node_set = got
         possible, _ = could_gain(
             self.config, self.remaining, turn.w, turn.shape, cycle.fork, node_set,
             cycle.taken, turn.exclude, pool, cycle.now, drain=True,
         )
         if not possible:
             return False
-        d = drain_choice(
-            self.config, self.remaining, self.preemption, cycle.cp, cycle.fork,
-            turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now,
-        )
+        d = drain_choice(self._gain_ask(cycle, turn))
         if d is None:
             return False
         self._drains[turn.w.id] = d
@@ -651,7 +671,7 @@ class Scheduler:
                     release.extend(a for a in v.placement if a.node == d.node)
                 continue
             if (
-                v.state not in (State.ADMITTED, State.STARTING, State.RUNNING)
+                v.state not in EVICTABLE
                 or vid in cycle.taken
                 or v.priority != p.priority
                 or gain_violations(p, v, now)
@@ -662,10 +682,11 @@ class Scheduler:
             if not mine:
                 return False
             release.extend(mine)
-            if due <= now:
-                r_v = expected_left(self.remaining, v, now, cfg.gain_prior_s)
-                if not (r_v >= cfg.gain_ratio * r_p and r_v > r_p + cost_of(v, now)):
-                    return False
+            if due <= now and not outlasts(
+                expected_left(self.remaining, v, now, cfg.gain_prior_s), r_p,
+                cost_of(v, now), cfg.gain_ratio,
+            ):
+                return False
         _, shape = self.shape_for(cp, p)
         return fork.fit_after_release(d.node, shape, release) is not None
 
