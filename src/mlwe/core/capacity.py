@@ -297,6 +297,16 @@ class CapacityIndex:
                 return True
         return any(self._partial.values())
 
+    def most_whole_free_gpus(self) -> int:
+        """The most whole free GPUs on any one ready GPU node (cheap: reads the
+        buckets, not the nodes). A replica that asks for more whole GPUs than
+        this fits nowhere."""
+        most = 0
+        for (model, level), b in self._buckets.items():
+            if model and level > most and b:
+                most = level
+        return most
+
     def nodes_of_model(self, model: str | None) -> list[str]:
         """Nodes with GPUs of ``model`` (None: CPU-only nodes), in the order they were added."""
         return self._by_model.get(model or "", [])

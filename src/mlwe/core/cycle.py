@@ -82,7 +82,7 @@ class Cycle:
     fork: CapacityIndex
     #: per-queue usage, including what this cycle placed
     usage: dict[str, list[int]]
-    #: whether the cycle may stop once no GPU is free (see can_stop_early)
+    #: whether the cycle may stop once nothing further fits (see can_stop_early)
     can_stop: bool
     gain_on: bool
     #: whether some queue is in a cohort (quota may be reclaimed)
@@ -116,6 +116,9 @@ class Cycle:
     projected: bool = False
     #: whether something was placed ahead of the head (its cached reservation is stale)
     dirty: bool = False
+    #: per rank, the fewest whole GPUs a replica of any workload from that rank on
+    #: asks for (0 for a fractional ask); computed the first time a turn asks
+    least_need: list[int] | None = None
 
 
 @dataclass(slots=True)

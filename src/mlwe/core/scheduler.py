@@ -321,7 +321,7 @@ class Scheduler:
             self._admit(cycle, turn, allocs)
             return False
         # d. early stop
-        if self._nothing_more_can_start(cycle):
+        if self._nothing_more_can_start(cycle, turn.rank):
             self._stop_early(cycle, turn)
             return True
         # e. preemption
@@ -427,15 +427,37 @@ class Scheduler:
             )
         )
 
-    def _nothing_more_can_start(self, cycle: Cycle) -> bool:
-        """Phase 3d: whether the rest of the queue can be skipped: stopping is allowed
-        (see :func:`can_stop_early`), no gain search is left, no GPU is free."""
+    def _nothing_more_can_start(self, cycle: Cycle, rank: int) -> bool:
+        """Phase 3d: whether the rest of the queue (after ``rank``) can be skipped:
+        stopping is allowed (see :func:`can_stop_early`: nobody may preempt by
+        priority), no gain search is left, and no GPU is free, or no ready node
+        has as many whole GPUs free as any later workload asks for one replica
+        (none of them fits anywhere: each turn would only write why it waits)."""
         cfg = self.config
-        return (
-            cycle.can_stop
-            and (not cycle.gain_on or cycle.gain_searches >= cfg.max_gain_searches)
-            and not cycle.fork.has_free_gpu()
+        if not cycle.can_stop or (cycle.gain_on and cycle.gain_searches < cfg.max_gain_searches):
+            return False
+        fork = cycle.fork
+        return not fork.has_free_gpu() or self._least_need(cycle, rank + 1) > (
+            fork.most_whole_free_gpus()
         )
+
+    def _least_need(self, cycle: Cycle, rank: int) -> int:
+        """The fewest whole GPUs one replica of any workload from ``rank`` on asks
+        for (0 if one asks for a fraction of a GPU: it may fit on a partly used one;
+        past the end, more than any node has). Suffix minima over the cycle's
+        order, computed once per cycle, the first time a turn asks."""
+        need = cycle.least_need
+        if need is None:
+            order, cp = cycle.order, cycle.cp
+            least = 1 << 30
+            need = [least] * (len(order) + 1)
+            for i in range(len(order) - 1, -1, -1):
+                g = self.shape_for(cp, order[i])[1].gpu // FULL
+                if g < least:
+                    least = g
+                need[i] = least
+            cycle.least_need = need
+        return need[rank]
 
     def _stop_early(self, cycle: Cycle, turn: Turn) -> None:
         """Phase 3d: this workload waits for room; the rest wait for a free GPU
@@ -444,9 +466,14 @@ class Scheduler:
         plan.pending[turn.w.id] = why_waiting(
             turn.w, turn.shape, turn.models, turn.exclude, cycle.reservation
         )
+        full = not cycle.fork.has_free_gpu()
         for rest in cycle.order[turn.rank + 1 :]:
             if not rest.pending_reason:
-                plan.pending[rest.id] = "no room: no free GPU in the cluster"
+                if full:
+                    plan.pending[rest.id] = "no room: no free GPU in the cluster"
+                else:  # GPUs are free, but no node has as many as it asks for
+                    models, shape = self.shape_for(cycle.cp, rest)
+                    plan.pending[rest.id] = why_waiting(rest, shape, models, frozenset(), None)
         plan.stopped_early = len(cycle.order) - turn.rank - 1
 
     def _preempt_by_priority(self, cycle: Cycle, turn: Turn) -> bool:
