@@ -289,7 +289,8 @@ class RuntimeEstimator:
             i = bisect.bisect_right(xs, attained_s)
             left = len(xs) - i
             total = xs[i + left // 2] if left else 2.0 * attained_s
-        return max(0.0, total - attained_s)
+        rest = total - attained_s
+        return rest if rest > 0.0 else 0.0  # max(0.0, rest), without the call
 
     def _basis_of(
         self, spec: WorkloadSpec, keys: list[tuple[tuple[str, ...], str]]

@@ -100,10 +100,9 @@ class GainPool:
             ):
                 continue
             left = remaining(v, now)
-            if left is None:  # expected_left's prior, with attained(v, now) inline
-                restore = v.spec.restart_cost if v.run_base_work > 0 else 0.0
-                done = max(v.work_done, v.run_base_work + max(0.0, now - started - restore))
-                left = max(done, prior)
+            if left is None:  # expected_left's prior
+                done = attained(v, now)
+                left = prior if prior > done else done  # max(done, prior), without the call
             if left == left:  # a NaN estimate passes no victim test
                 append((left, len(entries), v))
         # longest first; equal times keep the holders' order (the sort is stable)
@@ -146,12 +145,16 @@ class GainPool:
         if iv:
             begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
             period = iv + spec.checkpoint_cost
-            n = int(max(0.0, now - begin) // period)
+            # (max() spelt out as comparisons here: a cycle builds thousands of these)
+            ran = now - begin
+            n = int((ran if ran > 0.0 else 0.0) // period)
             if n > 0:
                 t = begin + n * period
-                ckpt = t if ckpt is None else max(ckpt, t)
+                ckpt = t if ckpt is None or t > ckpt else ckpt
             wait = begin + (n + 1) * period - now  # v.next_checkpoint(now) - now
-        risk = max(0.0, now - (ckpt if ckpt is not None else started))
+        risk = now - (ckpt if ckpt is not None else started)
+        if not risk > 0.0:
+            risk = 0.0
         since = risk if iv else 0.0
         return Candidate(
             v.id,

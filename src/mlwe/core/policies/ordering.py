@@ -228,7 +228,15 @@ class RuntimeEstimatorLike(Protocol):
 def attained(w: Workload, now: float) -> float:
     """Seconds of work ``w`` has done: saved work plus its current run."""
     done = w.work_done
-    if w.started_at is not None:
-        restore = w.spec.restart_cost if w.run_base_work > 0 else 0.0
-        done = max(done, w.run_base_work + max(0.0, now - w.started_at - restore))
+    started = w.started_at
+    if started is not None:
+        # max(done, base + max(0.0, now - started - restore)), spelt out: a cycle asks
+        # this of every waiting and running workload, several times
+        base = w.run_base_work
+        run = now - started
+        if base > 0:
+            run -= w.spec.restart_cost
+        run = base + (run if run > 0.0 else 0.0)
+        if run > done:
+            done = run
     return done
