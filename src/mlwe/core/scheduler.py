@@ -466,8 +466,9 @@ class Scheduler:
         return need[rank]
 
     def _stop_early(self, cycle: Cycle, turn: Turn) -> None:
-        """Phase 3d: this workload waits for room; the rest wait for a free GPU
-        (unless they already carry a reason) and are counted as not examined."""
+        """Phase 3d: this workload waits for room; so do the rest (no GPU is free,
+        or no node has as many whole GPUs free as they ask for: a reason saying
+        so, unless they already carry one), counted as not examined."""
         plan = cycle.plan
         plan.pending[turn.w.id] = why_waiting(
             turn.w, turn.shape, turn.models, turn.exclude, cycle.reservation
