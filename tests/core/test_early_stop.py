@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from mlwe.core import ControlPlane
+from mlwe.core.cycle import Plan
 from mlwe.core.policies.ordering import ArrivalOrder
 from mlwe.core.scheduler import Scheduler
 from tests.core.builders import cluster, gpu_job, gpu_node, running_on, submit
@@ -35,8 +36,8 @@ def _full_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Scheduler, "_least_need", lambda self, cycle, rank: 0)
 
 
-def _actions(plan: object) -> list[tuple[str, str]]:
-    return [(a.kind, a.workload) for a in plan.actions]  # type: ignore[attr-defined]
+def _actions(plan: Plan) -> list[tuple[str, str]]:
+    return [(a.kind, a.workload) for a in plan.actions]
 
 
 def test_free_gpus_no_node_can_use_stop_the_cycle(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,12 @@ from mlwe.core.controlplane import ControlPlane
 from mlwe.core.model import Workload
 from mlwe.core.policies.deadline import INF
 from mlwe.core.policies.ordering import attained
-from mlwe.core.policies.preemption import EVICTABLE, PreemptionPolicy, VictimChoice
+from mlwe.core.policies.preemption import (
+    EVICTABLE,
+    GANG_PENALTY_GPU_S,
+    PreemptionPolicy,
+    VictimChoice,
+)
 from mlwe.core.resources import format_duration
 from mlwe.core.rules import GAIN_MAX_PREEMPTIONS, GAIN_MIN_QUANTUM_S
 from mlwe.core.spec import NodeStatus
@@ -273,6 +278,11 @@ def cost_of(v: Workload, now: float) -> float:
     return v.work_at_risk(now) + v.spec.restart_cost + v.spec.checkpoint_cost
 
 
+def _gang_penalty(v: Workload) -> float:
+    """GPU-seconds charged for breaking ``v``'s gang by evicting it (0.0: no gang)."""
+    return GANG_PENALTY_GPU_S if v.spec.replicas > 1 else 0.0
+
+
 def outlasts(r_v: float, r_p: float, cost: float, ratio: float) -> bool:
     """The gain test on expected remaining times: a victim expected to run ``r_v``
     seconds more is worth evicting for a preemptor expected to run ``r_p`` when it
@@ -365,7 +375,7 @@ def gain_choice(ask: GainAsk) -> tuple[GainChoice | None, float]:
         r_v = expect(v)
         g = max(v.gpus(), 1e-3)
         gain += g * (r_v - r_p)
-        cost += g * cost_of(v, now) + (3600.0 if v.spec.replicas > 1 else 0.0)
+        cost += g * cost_of(v, now) + _gang_penalty(v)
     if gain <= cost:
         return None, wake[0]
     why = (
@@ -437,9 +447,7 @@ def drain_choice(ask: GainAsk) -> DrainPlan | None:
         g = max(v.gpus(), 1e-3)
         gain += g * (expect(v) - r_p)
         idle += g * (last - due[v.id])
-        cost += g * (v.spec.restart_cost + v.spec.checkpoint_cost) + (
-            3600.0 if v.spec.replicas > 1 else 0.0
-        )
+        cost += g * (v.spec.restart_cost + v.spec.checkpoint_cost) + _gang_penalty(v)
     cost += lost + idle
     if gain <= cost:
         return None

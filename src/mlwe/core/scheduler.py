@@ -449,16 +449,10 @@ class Scheduler:
         need = cycle.least_need
         if need is None:
             order, cp = cycle.order, cycle.cp
-            shapes, n = self._shapes, len(cp.on_node)
             least = 1 << 30
             need = [least] * (len(order) + 1)
             for i in range(len(order) - 1, -1, -1):
-                w = order[i]
-                got = shapes.get(w.id)  # shape_for's cache, read inline
-                if got is None or got[0] != n or got[1] is not w.spec:
-                    g = self.shape_for(cp, w)[1].gpu // FULL
-                else:
-                    g = got[3].gpu // FULL
+                g = self.shape_for(cp, order[i])[1].gpu // FULL
                 if g < least:
                     least = g
                 need[i] = least

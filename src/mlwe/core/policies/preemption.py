@@ -26,6 +26,9 @@ from mlwe.core.spec import NodeStatus
 #: A CPU-only victim's cores are weighed as GPUs at this rate (8 cores ~ 1 GPU).
 CORES_PER_GPU_EQUIVALENT = 8.0
 EVICTABLE = (State.ADMITTED, State.STARTING, State.RUNNING)
+#: what breaking a gang costs on top of its lost work, in GPU-seconds (victim
+#: searches and the gain test both charge it)
+GANG_PENALTY_GPU_S = 3600.0
 _EVICTABLE = frozenset(EVICTABLE)
 
 
@@ -207,7 +210,7 @@ class CheapestVictims:
         self,
         max_candidates: int = 16,
         max_scan: int = 1024,
-        gang_penalty_gpu_s: float = 3600.0,
+        gang_penalty_gpu_s: float = GANG_PENALTY_GPU_S,
     ) -> None:
         self.max_candidates = max_candidates
         self.max_scan = max_scan
