@@ -22,6 +22,7 @@ from mlwe.sim.traces import (
     TraceError,
     TraceJob,
     gang_shape,
+    jitter_submits,
     load_alibaba,
     load_generic_csv,
     load_itp,
@@ -695,3 +696,32 @@ def test_synthetic_cluster_shape() -> None:
 def test_trace_catalog_extends_the_default() -> None:
     for name in ("PHILLY-GPU", "ITP-GPU", "TRACE-GPU", "POOL-GPU", "G2", "G3", "A100-80GB"):
         assert name in TRACE_CATALOG
+
+
+def test_jitter_submits_moves_arrivals_later_by_at_most_the_jitter() -> None:
+    base = synthetic_trace(n_jobs=200, seed=3)
+    moved = jitter_submits(base, 1.0, seed=7)
+    assert moved.name == f"{base.name}~jitter1s#7"
+    assert moved.cluster is base.cluster and moved.catalog is base.catalog
+    before = {j.job_id: j for j in base.jobs}
+    assert sorted(before) == sorted(j.job_id for j in moved.jobs)
+    for j in moved.jobs:
+        old = before[j.job_id]
+        assert 0.0 <= j.submit_time - old.submit_time < 1.0
+        assert (j.spec, j.duration, j.line) == (old.spec, old.duration, old.line)
+    times = [j.submit_time for j in moved.jobs]
+    assert times == sorted(times)
+
+
+def test_jitter_submits_is_seeded_and_zero_is_the_trace_itself() -> None:
+    base = synthetic_trace(n_jobs=100, seed=3)
+    assert jitter_submits(base, 0.0, seed=1) is base
+    a, b, c = (jitter_submits(base, 5.0, seed=s) for s in (1, 1, 2))
+    assert [j.submit_time for j in a.jobs] == [j.submit_time for j in b.jobs]
+    assert [j.submit_time for j in a.jobs] != [j.submit_time for j in c.jobs]
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_jitter_submits_refuses_a_jitter_that_is_not_finite_and_non_negative(bad: float) -> None:
+    with pytest.raises(ValueError, match="jitter seconds must be finite and >= 0"):
+        jitter_submits(synthetic_trace(n_jobs=10, seed=3), bad, seed=1)

@@ -57,6 +57,7 @@ from mlwe.sim.traces.model import (
     Trace,
     TraceError,
     TraceJob,
+    jitter_submits,
     resolve_traces_dir,
 )
 from mlwe.sim.traces.philly import load_philly
@@ -79,6 +80,7 @@ __all__ = [
     "TraceError",
     "TraceJob",
     "gang_shape",
+    "jitter_submits",
     "load_alibaba",
     "load_generic_csv",
     "load_itp",
