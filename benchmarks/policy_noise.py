@@ -33,11 +33,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from policy_quality import INPUTS, KEYS, targets
+from policy_quality import INPUTS, run_policies, targets
 from policy_windows import load_variant
 
 from mlwe.sim.checkpoint import parse_checkpoint_model
-from mlwe.sim.replay import ReplayConfig, replay
 from mlwe.sim.traces import jitter_submits
 
 #: the figures whose spread the summary gives
@@ -98,10 +97,7 @@ def main() -> None:
         rows: list[dict[str, Any]] = []
         for k in range(args.replicas):
             trace = jitter_submits(base, args.jitter if k else 0.0, seed=k)
-            by: dict[str, dict[str, Any]] = {}
-            for policy in policies:
-                m = replay(trace, ReplayConfig(policy=policy, checkpoint=model)).metrics
-                by[policy] = {"policy": policy, **{key: m.get(key) for key in KEYS}}
+            by = run_policies(trace, policies, model)
             extra = targets(kind, by)
             for policy, line in by.items():
                 row: dict[str, Any] = {"input": name, "replica": k, "jitter_s": args.jitter

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mlwe.sim.baselines import ORACLE_POLICIES
-from mlwe.sim.checkpoint import parse_checkpoint_model
+from mlwe.sim.checkpoint import CheckpointModel, parse_checkpoint_model
 from mlwe.sim.replay import ReplayConfig, replay
 from mlwe.sim.traces import Trace, load_trace, resolve_traces_dir
 
@@ -139,6 +139,17 @@ def targets(kind: str, by: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def run_policies(
+    trace: Trace, policies: list[str], model: CheckpointModel
+) -> dict[str, dict[str, Any]]:
+    """Each policy replayed on ``trace`` under ``model``: its line of figures (KEYS)."""
+    by: dict[str, dict[str, Any]] = {}
+    for policy in policies:
+        m = replay(trace, ReplayConfig(policy=policy, checkpoint=model)).metrics
+        by[policy] = {"policy": policy, **{k: m.get(k) for k in KEYS}}
+    return by
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--inputs", default=",".join(DEFAULT))
@@ -153,10 +164,7 @@ def main() -> None:
         if args.policies:
             policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         trace = load()
-        by: dict[str, dict[str, Any]] = {}
-        for policy in policies:
-            m = replay(trace, ReplayConfig(policy=policy, checkpoint=model)).metrics
-            by[policy] = {"policy": policy, **{k: m.get(k) for k in KEYS}}
+        by = run_policies(trace, policies, model)
         extra = targets(kind, by)
         for policy, line in by.items():
             row: dict[str, Any] = {"input": name, "trace": trace.name, **line}
