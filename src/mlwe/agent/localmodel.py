@@ -59,7 +59,7 @@ MODEL_ALIAS = "gemma-3-270m-q4_k_m"
 #: the licence files shipped in the model package, copied next to the model
 LICENCE_FILES = ("GEMMA_TERMS.html", "NOTICE.md")
 #: a lean build: no multimodal (llava/mtmd) library, and AVX2/FMA/F16C kernels rather
-#: than -march=native: on a CPU that lists AMX and AVX-512 FP16 (Sapphire Rapids) a
+#: than -march=native: on a CPU that lists AMX and AVX-512 FP16 (this one) a
 #: native build was compiled with them, and under this sandbox the server died with
 #: SIGILL at its first completion; the portable kernels run anywhere with AVX2
 CMAKE_ARGS = ("-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON"
