@@ -179,6 +179,7 @@ def _reference_candidates(
             wait=(v.next_checkpoint(now) or now) - now,
             evictable=preemptible(v, now) is None,
             held=tuple((a.node, a.res.gpu) for a in v.placement),
+            v=v,
         ))
     return out
 

@@ -2,7 +2,7 @@
 
 A 2-GPU job that would gain from evicting two long 1-GPU jobs finds no moment
 at which both are cheap to evict (their checkpoints are not aligned), so the
-plain search passes both over at every wake. With ``gain_drain`` the scheduler
+plain search finds none and names no moment to look again. With ``gain_drain`` the scheduler
 plans a drain: each victim is evicted just after its own checkpoint, the node
 is held for the preemptor meanwhile (nobody else takes the GPU freed first),
 and every step is a Preempt the control plane verifies.
@@ -56,13 +56,19 @@ def _to_wake(cp: ControlPlane, clock: ManualClock, sched: Scheduler) -> float:
     return wake
 
 
-def test_without_drain_unaligned_victims_are_passed_over_at_every_wake() -> None:
+def test_without_drain_unaligned_victims_are_never_cheap_at_once_and_wake_nobody() -> None:
     cp, clock = _unaligned()
     sched = default_scheduler()
-    for _ in range(4):  # the wakes at a's and b's checkpoints, twice each
+    assert _preempts(cp, sched) == []
+    # a is cheap for a while after each of its checkpoints (t=1,800, 3,600, ...), b
+    # after each of its own (t=2,700, 4,500, ...): never both, so no moment is named
+    assert sched.next_wakeup(cp) is None
+    # and none would have found them: at each checkpoint, one is still too costly
+    for t in (1800.0, 2700.0, 3600.0, 4500.0):
+        clock.advance(t + 1e-6 - cp.now())
         assert _preempts(cp, sched) == []
-        _to_wake(cp, clock, sched)
-    assert cp.get("p").state is State.PENDING and cp.now() > 4500 - 1e-3  # a, b, a, b
+        assert sched.next_wakeup(cp) is None
+    assert cp.get("p").state is State.PENDING
 
 
 def test_a_drain_evicts_each_victim_at_its_checkpoint_and_holds_the_node() -> None:

@@ -6,7 +6,7 @@ run times (learned, or the user's), against what the eviction costs.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Sequence
 from functools import lru_cache
 from operator import itemgetter
 from typing import TYPE_CHECKING, NamedTuple
@@ -21,6 +21,7 @@ from mlwe.core.policies.preemption import (
     GANG_PENALTY_GPU_S,
     PreemptionPolicy,
     VictimChoice,
+    candidate_nodes,
 )
 from mlwe.core.resources import format_duration
 from mlwe.core.rules import GAIN_MAX_PREEMPTIONS, GAIN_MIN_QUANTUM_S
@@ -60,6 +61,8 @@ class Candidate(NamedTuple):
     evictable: bool
     #: the GPU (in thousandths) each of its replicas holds, and where
     held: tuple[tuple[str, int], ...]
+    #: the holder itself (what :func:`joint_wake` reads of it at a later moment)
+    v: Workload
 
 
 class GainPool:
@@ -173,6 +176,7 @@ class GainPool:
                 or (spec.min_progress > 0 and v.progress < spec.min_progress)
             ),
             _held(v),
+            v,
         )
 
 
@@ -203,10 +207,11 @@ def could_gain(
     pool: GainPool,
     now: float,
     drain: bool = False,
+    cap: float = INF,
 ) -> tuple[bool, float]:
     """Whether a gain search for one replica of ``w`` over the candidate ``nodes``
-    could find anything, and the earliest moment a victim it passes over for the
-    work it would lose becomes cheap (INF: none).
+    could find anything, and, if not, the earliest moment it would if only the
+    clock moved (:func:`joint_wake`; INF: none).
 
     The test is the search's own, on what it would examine (candidates not yet
     taken, on a ready node of ``nodes`` outside ``exclude``): a victim must pass
@@ -214,39 +219,173 @@ def could_gain(
     replica asks for (free on ``fork`` plus what the passing victims hold there).
     False means the search finds nothing, and the wake time is the one it would
     report (both checked against the search in tests/sim/test_mlwe_policy.py).
-    True is answered at the first node where passing victims free enough; its
-    wake time is then partial (the search that follows reports its own).
+    True is answered at the first node where passing victims free enough (the
+    wake time is then INF: the search that follows reports its own).
 
     ``drain``: victims that would lose too much now count as well (a drain plan
     evicts them at their next checkpoint, see :func:`drain_choice`); the wake
-    time is then not computed (INF)."""
+    time is then not computed (INF). ``cap``: a wake time the caller already
+    has; no moment from it on is looked for (one is returned as ``cap``)."""
     r_p = expected_left(remaining, w, now, cfg.gain_prior_s)
     floor = cfg.gain_ratio * r_p
     budget = cfg.gain_wait_share * max(w.gpus(), 1e-3)
     need = shape.gpu
     status, free_gpu = fork.status, fork.free_gpu
     ready = NodeStatus.READY
-    wake = INF
     freed: dict[str, int] = {}
+    later: list[tuple[Workload, float, float, tuple[tuple[str, int], ...]]] = []
     for c in pool.reaching(floor):  # below the floor no candidate passes the test
         left = c.left
-        if not (left >= floor and left > r_p + c.cost) or c.id in taken:
+        if c.id in taken:
+            continue
+        if not (left >= floor and left > r_p + c.cost):
+            if not drain and left > r_p + c.v.spec.restart_cost + c.v.spec.checkpoint_cost:
+                later.append((c.v, left, c.wait, c.held))  # passes once its cost is lower
             continue  # the test first: it turns most candidates away, and costs nothing
         if not drain and c.loss > budget * c.wait:  # loses too much now: wait for its checkpoint
-            t = now + c.wait + 1e-6
-            if t < wake and any(
-                node in nodes and node not in exclude and status(node) is ready
-                for node, _ in c.held
-            ):  # (a later time cannot lower the wake: its nodes need not be read)
-                wake = t
+            later.append((c.v, left, c.wait, c.held))
             continue
         if c.evictable:
             for node, gpu in c.held:
                 if node in nodes and node not in exclude and status(node) is ready:
                     got = freed[node] = freed.get(node, 0) + gpu
                     if free_gpu(node) + got >= need:
-                        return True, wake  # found (the wake time is read only on a miss)
-    return False, wake
+                        return True, INF  # found (the wake time is read only on a miss)
+        if not drain:
+            later.append((c.v, left, c.wait, c.held))
+    if drain or not later:
+        return False, INF
+    return False, joint_wake(
+        later, r_p, cfg.gain_ratio, budget, need, fork, nodes, exclude, now, cap
+    )
+
+
+def holder_at(v: Workload, t: float, budget: float) -> tuple[float, bool, bool]:
+    """What a gain test would read of holder ``v`` at a later moment ``t`` if only
+    the clock moved: what evicting it then costs (seconds, as :func:`cost_of`),
+    whether that loses little enough then (not :func:`loses_too_much` with
+    ``budget``), and whether it may be a victim then (:func:`preemptible`).
+    tests/core/test_cycle_costs.py holds it equal to those functions."""
+    spec = v.spec
+    started = v.started_at
+    assert started is not None
+    iv = spec.checkpoint_interval
+    ckpt = v.last_checkpoint_at
+    wait = 0.0
+    if iv:
+        begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
+        period = iv + spec.checkpoint_cost
+        ran = t - begin
+        n = int((ran if ran > 0.0 else 0.0) // period)
+        if n > 0:
+            c = begin + n * period
+            ckpt = c if ckpt is None or c > ckpt else ckpt
+        wait = begin + (n + 1) * period - t
+    risk = t - (ckpt if ckpt is not None else started)
+    if not risk > 0.0:
+        risk = 0.0
+    cheap = not iv or max(v.gpus(), 1e-3) * risk <= budget * wait
+    ok = not (
+        spec.protected
+        or max(0.0, t - started) < spec.min_runtime
+        or (spec.min_progress > 0 and v.progress < spec.min_progress)
+    )
+    return risk + spec.restart_cost + spec.checkpoint_cost, cheap, ok
+
+
+def joint_wake(
+    later: Sequence[tuple[Workload, float, float, tuple[tuple[str, int], ...]]],
+    r_p: float,
+    ratio: float,
+    budget: float,
+    need: int,
+    fork: CapacityIndex,
+    nodes: Container[str],
+    exclude: Container[str],
+    now: float,
+    cap: float = INF,
+) -> float:
+    """The earliest moment after ``now`` at which a gain search that found nothing
+    now would find victims for one replica asking ``need`` GPU (thousandths) if
+    only the clock moved (INF: none).
+
+    ``later``: the equals it may consider (holder, expected remaining time,
+    seconds to its next checkpoint or 0.0 if it takes none, and where it holds
+    what GPU, as :class:`Candidate` has them), each
+    expected to run ``ratio`` times longer than the preemptor (``r_p``) and
+    longer than it plus its restore and checkpoint pause. On a ready node of
+    ``nodes`` outside ``exclude``, the free GPU plus that of the holders there
+    that then pass the test (:func:`holder_at`: cheap enough to evict, costing
+    little enough, evictable) must reach ``need``. A holder turns cheap only
+    just after one of its checkpoints and stays so for a while, so only those
+    moments (and those at which one passes its minimum runtime) are tried, up
+    to one checkpoint period after the last of the latter: with one period on a
+    node the pattern then repeats; with several, the node is looked at again
+    after the longest (its moment is then a lower bound). No moment from ``cap`` on is
+    looked for: the answer is then ``cap`` (a wake the caller already has).
+
+    A scheduler that woke at every victim's next checkpoint instead (the first
+    moment one of them turns cheap) ran a cycle that found nothing at most of
+    them: a waiting 8-GPU job needs every holder on a node cheap at once."""
+    first = cap  # no holder turns cheap before the first of their next checkpoints
+    for _, _, wait, _ in later:
+        if wait > 0.0 and now + wait + 1e-6 < first:
+            first = now + wait + 1e-6
+    if first >= cap:
+        return cap
+    status, free_gpu = fork.status, fork.free_gpu
+    ready = NodeStatus.READY
+    per_node: dict[str, list[tuple[Workload, float, float, int]]] = {}
+    for v, left, wait, held in later:
+        for node, gpu in held:
+            if node in nodes and node not in exclude and status(node) is ready:
+                vs = per_node.get(node)
+                if vs is None:
+                    vs = per_node[node] = []
+                vs.append((v, left, wait, gpu))
+    wake = cap
+    for vs_node, vs in per_node.items():
+        free = free_gpu(vs_node)
+        if free + sum(x[3] for x in vs) < need:
+            continue
+        times: list[float] = []
+        periods: set[float] = set()
+        until = now  # the last moment a holder there turns evictable (minimum runtime)
+        for v, _, wait, _ in vs:
+            if wait > 0.0:
+                periods.add((v.spec.checkpoint_interval or 0.0) + v.spec.checkpoint_cost)
+                times.append(now + wait + 1e-6)
+            spec = v.spec
+            ripe = (v.started_at or now) + spec.min_runtime + 1e-6
+            if ripe > now and not spec.protected:
+                times.append(ripe)
+                until = max(until, ripe)
+        if not periods:
+            continue  # no holder there turns cheaper with time
+        horizon = until + max(periods)
+        if len(periods) > 1 or until > now:  # every moment one turns cheap up to the horizon
+            for v, _, wait, _ in vs:
+                if wait > 0.0:
+                    period = (v.spec.checkpoint_interval or 0.0) + v.spec.checkpoint_cost
+                    t = now + wait + period
+                    while t <= horizon:
+                        times.append(t + 1e-6)
+                        t += period
+        for t in sorted(times):
+            if t >= wake:
+                break
+            got = free
+            for v, left, _, g in vs:
+                cost, cheap, ok = holder_at(v, t, budget)
+                if cheap and ok and left > r_p + cost:
+                    got += g
+            if got >= need:
+                wake = t
+                break
+        else:
+            if len(periods) > 1 and horizon < wake:
+                wake = horizon  # look again then
+    return wake
 
 
 def _wait_for_checkpoint(v: Workload, now: float) -> float:
@@ -333,7 +472,7 @@ class GainAsk(NamedTuple):
         )
 
 
-def gain_choice(ask: GainAsk) -> tuple[GainChoice | None, float]:
+def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, float]:
     """Victims of ``ask.w``'s own priority worth evicting for it, or None.
 
     A victim qualifies when it is expected to run ``gain_ratio`` times longer
@@ -345,31 +484,41 @@ def gain_choice(ask: GainAsk) -> tuple[GainChoice | None, float]:
     (each victim's GPUs x the time by which ``w`` is shorter), exceeds the cost
     (each victim's GPUs x its cost, plus a gang penalty for each broken gang).
 
-    Also returns the earliest moment a victim passed over because evicting it now
-    would lose too much becomes cheap (its next checkpoint; INF: none)."""
-    wake = [INF]
+    Also returns, when it finds nothing worth it, the earliest moment it would if
+    only the clock moved (:func:`joint_wake` on the equals it examined; INF: none,
+    or a choice was found; ``cap``: as :func:`joint_wake`'s)."""
     ratio, now = ask.cfg.gain_ratio, ask.now
     expect = ask.expect
     r_p = expect(ask.w)
     budget = ask.cfg.gain_wait_share * max(ask.w.gpus(), 1e-3)
+    # the equals it examined that may pass at a later moment (see joint_wake)
+    later: dict[str, tuple[Workload, float, float, tuple[tuple[str, int], ...]]] = {}
 
     def worth(v: Workload) -> bool:
-        if not outlasts(expect(v), r_p, cost_of(v, now), ratio):
+        r_v = expect(v)
+        if r_v >= ratio * r_p and r_v > r_p + v.spec.restart_cost + v.spec.checkpoint_cost:
+            later[v.id] = (v, r_v, _wait_for_checkpoint(v, now), _held(v))
+        if not outlasts(r_v, r_p, cost_of(v, now), ratio):
             return False
         # evict now, losing the work since its last checkpoint, or wait for its
         # next one (delaying the preemptor): now only if the loss is small
         # against the wait
-        too_much, wait = loses_too_much(v, now, budget)
-        if too_much:
-            wake[0] = min(wake[0], now + wait + 1e-6)
-            return False
-        return True
+        too_much, _ = loses_too_much(v, now, budget)
+        return not too_much
+
+    def wake() -> float:
+        if not later:
+            return INF
+        return joint_wake(
+            list(later.values()), r_p, ratio, budget, ask.shape.gpu, ask.fork,
+            frozenset(candidate_nodes(ask.fork, ask.shape)), ask.exclude, now, cap,
+        )
 
     if not takes_equals(ask.preemption):
-        return None, wake[0]  # a victim policy that knows no "equals"
+        return None, INF  # a victim policy that knows no "equals"
     choice = ask.select(worth)
     if choice is None:
-        return None, wake[0]
+        return None, wake()
     gain = cost = 0.0
     for v, _ in choice.victims:
         r_v = expect(v)
@@ -377,12 +526,12 @@ def gain_choice(ask: GainAsk) -> tuple[GainChoice | None, float]:
         gain += g * (r_v - r_p)
         cost += g * cost_of(v, now) + _gang_penalty(v)
     if gain <= cost:
-        return None, wake[0]
+        return None, wake()
     why = (
         f"preemption among equals: expected gain {gain / 3600:.2f} GPU-h > cost"
         f" {cost / 3600:.2f} GPU-h ({ask.w.id} expects {format_duration(r_p)} left)"
     )
-    return (choice, gain, cost, why), wake[0]
+    return (choice, gain, cost, why), INF
 
 
 class DrainPlan(NamedTuple):

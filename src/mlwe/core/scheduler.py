@@ -517,7 +517,7 @@ class Scheduler:
         cycle.gain_searches += 1
         if not self._could_gain(cycle, turn):
             return self._drain_for_gain(cycle, turn)
-        got, wake = gain_choice(self._gain_ask(cycle, turn))
+        got, wake = gain_choice(self._gain_ask(cycle, turn), self._wake_at)
         self._wake_at = min(self._wake_at, wake)
         if got is None:
             return self._drain_for_gain(cycle, turn)
@@ -562,13 +562,13 @@ class Scheduler:
                 # the earlier miss left no wake time; this one's is its own
                 _, wake = could_gain(
                     self.config, self.remaining, w, shape, cycle.fork, node_set,
-                    cycle.taken, turn.exclude, pool, cycle.now,
+                    cycle.taken, turn.exclude, pool, cycle.now, cap=self._wake_at,
                 )
                 self._wake_at = min(self._wake_at, wake)
             return False
         possible, wake = could_gain(
             self.config, self.remaining, w, shape, cycle.fork, node_set, cycle.taken,
-            turn.exclude, pool, cycle.now,
+            turn.exclude, pool, cycle.now, cap=self._wake_at,
         )
         if not possible:
             woke = policy.pass_over(cycle.fork, shape, w.spec.replicas, turn.exclude)
