@@ -141,3 +141,55 @@ def test_a_skipped_gain_search_would_have_found_nothing(
     assert len(skipped) > 100 and searched  # both paths were taken
     assert gangs  # gangs (several replicas, no per-node cap) are skipped too
     assert known_misses  # and searches known from an earlier miss of the cycle
+
+
+def test_a_reservation_left_unprojected_would_have_let_no_search_find_victims(
+    contended: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blocked head's reservation is projected before a later workload may
+    preempt (it closes nodes to it), unless no search could find victims even
+    with every node open. Every such skip is checked: projecting the reservation
+    and running the gain test with its nodes closed finds nothing either."""
+    from mlwe.core import scheduler as sched
+    from mlwe.core.cycle import Cycle, Turn
+    from mlwe.core.gain import could_gain
+    from mlwe.core.policies.preemption import CheapestVictims
+
+    skipped: list[str] = []
+    projected: list[str] = []
+    exhausted: list[str] = []
+    original = sched.Scheduler._could_preempt
+
+    def checked(self: sched.Scheduler, cycle: Cycle, turn: Turn) -> bool | None:
+        assert not cycle.projected and cycle.head is not None
+        got = original(self, cycle, turn)
+        if got is None:
+            projected.append(turn.w.id)
+            return got
+        policy = self.preemption
+        assert isinstance(policy, CheapestVictims)
+        cursor, wake, cache = policy._cursor, self._wake_at, self._reservation_cache
+        res = self._reserve(cycle.cp, cycle.head, cycle.fork, cycle.now, cycle.dirty)
+        self._reservation_cache = cache
+        exclude = frozenset()
+        if res is not None and not self._ends_before(turn.w, cycle.now, res.start):
+            exclude = res.nodes
+        pool = self._gain_pool(cycle, turn)
+        if cycle.gain_searches >= self.config.max_gain_searches:
+            exhausted.append(turn.w.id)  # no gain search is left for it: none runs
+        elif isinstance(pool, bool):
+            assert pool is False
+        else:
+            possible, _ = could_gain(
+                self.config, self.remaining, turn.w, turn.shape, cycle.fork, pool[1],
+                cycle.taken, exclude, pool[0], cycle.now,
+            )
+            assert not possible, f"{turn.w.id} could gain with the reservation in force"
+        assert (policy._cursor, self._wake_at) == (cursor, wake)  # the check moved nothing
+        skipped.append(turn.w.id)
+        return got
+
+    monkeypatch.setattr(sched.Scheduler, "_could_preempt", checked)
+    run(contended)
+    assert len(skipped) > 100 and projected  # both paths were taken
+    assert len(exhausted) < len(skipped)  # and most skips were answered by the gain test

@@ -325,10 +325,15 @@ class Scheduler:
             self._stop_early(cycle, turn)
             return True
         # e. preemption
+        known: bool | None = None  # whether a gain search could find anything, if known
         if self.config.preemption and cycle.head is not None and not cycle.projected:
-            # preempting past the blocked head must respect its reservation too
-            self._project_head(cycle, turn)
-        if self._preempt_by_priority(cycle, turn) or self._preempt_for_gain(cycle, turn):
+            # preempting past the blocked head must respect its reservation too;
+            # projecting it is costly, and needless when no search can find victims
+            known = self._could_preempt(cycle, turn)
+            if known is not False:
+                self._project_head(cycle, turn)
+                known = None  # (asked again, with the reservation in force)
+        if self._preempt_by_priority(cycle, turn) or self._preempt_for_gain(cycle, turn, known):
             return False
         # f. wait
         return self._wait(cycle, turn)
@@ -509,13 +514,35 @@ class Scheduler:
         )
         return True
 
-    def _preempt_for_gain(self, cycle: Cycle, turn: Turn) -> bool:
+    def _could_preempt(self, cycle: Cycle, turn: Turn) -> bool | None:
+        """Phase 3e, before the blocked head's reservation is projected: False when no
+        preemption search for ``turn`` can find victims even with every node open to
+        it (the reservation only closes nodes, so none can with it in force either,
+        and projecting it is needless); otherwise None (the searches tell, once it
+        is projected). Known only when nobody holds at a lower priority, no cohort
+        may reclaim and drain plans are off: then only a gain search could, and
+        :meth:`_could_gain` answers on every node (its answer stands for the turn:
+        it is asked once)."""
+        cp = cycle.cp
+        if (
+            cycle.cohorts
+            or self.config.gain_drain
+            or min(cp.holding_by_priority, default=turn.w.priority) < turn.w.priority
+        ):
+            return None
+        if not cycle.gain_on or cycle.gain_searches >= self.config.max_gain_searches:
+            return False  # no gain search is left either
+        return None if self._could_gain(cycle, turn) else False
+
+    def _preempt_for_gain(self, cycle: Cycle, turn: Turn, known: bool | None = None) -> bool:
         """Phase 3e: evict equal-priority work expected to run much longer (see
-        :func:`mlwe.core.gain.gain_choice`); bounded per cycle. True if a victim set was chosen."""
+        :func:`mlwe.core.gain.gain_choice`); bounded per cycle. True if a victim set
+        was chosen. ``known``: False when :meth:`_could_preempt` already found that
+        the gain test finds nothing (the search is counted, not tested again)."""
         if not cycle.gain_on or cycle.gain_searches >= self.config.max_gain_searches:
             return False
         cycle.gain_searches += 1
-        if not self._could_gain(cycle, turn):
+        if known is False or not self._could_gain(cycle, turn):
             return self._drain_for_gain(cycle, turn)
         got, wake = gain_choice(self._gain_ask(cycle, turn), self._wake_at)
         self._wake_at = min(self._wake_at, wake)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -110,8 +111,9 @@ class SizeAware:
     3. then arrival.
 
     The keys change only when a workload runs (its attained service) or the
-    estimator has learned 5% more, so they are cached per workload and a cycle
-    over a long queue costs a sort of cached keys.
+    estimator has learned 5% more, so they are cached per workload, and so is
+    the order itself (:meth:`order`): a cycle over a long queue costs a pass
+    that checks nothing changed, and an insertion per workload that did.
     """
 
     name = "size-aware"
@@ -137,6 +139,12 @@ class SizeAware:
         # id -> (attained, learned count, latest feasible start, virtual start, rule,
         # urgency window)
         self._keys: dict[str, tuple[float, int, float, float, str, float]] = {}
+        # the last order (see order()): id -> (workload, transitions, priority,
+        # key), the (key, workload) pairs sorted, and the oldest learned count its
+        # keys were computed at (None: no order kept)
+        self._kept: dict[str, tuple[Workload, int, int, tuple[int, int, float, int]]] | None = None
+        self._sorted: list[tuple[tuple[int, int, float, int], Workload]] = []
+        self._kept_learned = 0
 
     def remaining(self, w: Workload, now: float) -> float | None:
         """Expected seconds left: the learned estimate, else the user's, else None."""
@@ -208,8 +216,76 @@ class SizeAware:
     def order(
         self, queued: Sequence[Workload], queues: Mapping[str, Queue], total_gpu: int, now: float
     ) -> list[Workload]:
+        """``queued`` sorted by :meth:`key`. Without deadlines a key depends on
+        nothing that moves with the clock while a workload waits, so the order is
+        kept between calls: a workload is (re)keyed only when it joins the queue
+        or has moved since (a transition, a new priority, a run), and the whole
+        order is rebuilt once the estimator has learned enough to change keys (see
+        :meth:`_entry`). The result is the full sort's, workload for workload
+        (keys end in the unique arrival sequence: no two are equal); a queue
+        with a deadline in it is sorted in full at every call."""
+        if self._kept is not None and self.estimator.fresh(self._kept_learned):
+            got = self._update(queued, now)
+            if got is not None:
+                return got
+        return self._rebuild(queued, now)
+
+    def _rebuild(self, queued: Sequence[Workload], now: float) -> list[Workload]:
         key = self.key
-        return sorted(queued, key=lambda w: key(w, now))
+        pairs = sorted(((key(w, now), w) for w in queued), key=_first)
+        self._kept = None
+        if all(w.deadline is None for w in queued):
+            keys = self._keys
+            self._kept = {
+                w.id: (w, len(w.history), w.priority, k) for k, w in pairs if w.started_at is None
+            }
+            self._sorted = [kw for kw in pairs if kw[1].started_at is None]
+            self._kept_learned = min(
+                (keys[w.id][1] for w in queued), default=self.estimator.learned
+            )
+            if len(self._sorted) != len(pairs):
+                self._kept = None  # one is running (no queue member should be): no order kept
+        return [w for _, w in pairs]
+
+    def _update(self, queued: Sequence[Workload], now: float) -> list[Workload] | None:
+        """The kept order brought up to date with ``queued`` (None: it cannot be)."""
+        kept = self._kept
+        assert kept is not None
+        srt = self._sorted
+        fresh: list[Workload] = []
+        gone: list[str] = []  # kept, but moved since (re-keyed below)
+        same = 0
+        for w in queued:
+            k = kept.get(w.id)
+            if k is not None and k[0] is w and k[1] == len(w.history) and k[2] == w.priority:
+                same += 1
+                continue
+            if w.deadline is not None or w.started_at is not None:
+                return None
+            if k is not None:
+                gone.append(w.id)
+            fresh.append(w)
+        if same + len(gone) != len(kept):  # some left the queue
+            ids = {w.id for w in queued}
+            gone += [i for i in kept if i not in ids]
+        for wid in gone:
+            k = kept.pop(wid)
+            i = bisect.bisect_left(srt, k[3], key=_first)
+            assert srt[i][1] is k[0]
+            del srt[i]
+        if fresh:
+            key = self.key
+            learned = self._keys
+            for w in fresh:
+                kw = key(w, now)
+                kept[w.id] = (w, len(w.history), w.priority, kw)
+                bisect.insort(srt, (kw, w), key=_first)
+                self._kept_learned = min(self._kept_learned, learned[w.id][1])
+        return [w for _, w in srt]
+
+
+def _first(pair: tuple[Any, ...]) -> Any:
+    return pair[0]
 
 
 class RuntimeEstimatorLike(Protocol):
