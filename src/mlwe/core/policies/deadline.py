@@ -152,11 +152,14 @@ def _holder_ends(
 
 
 def _may_fit_now(f: CapacityIndex, shape: Shape, replicas: int, freed: set[str]) -> bool:
-    """Whether one replica of ``shape``, which did not fit before ``freed``'s
-    nodes released work, may fit now: only on one of those nodes, and only if it
-    has the GPU asked for (a quick necessary test; the placement decides). Gangs
-    and CPU-only work are always tried."""
-    if replicas != 1 or not shape.gpu:
+    """Whether ``replicas`` of ``shape``, which did not fit before ``freed``'s nodes
+    released work, may fit now (a quick necessary test; the placement decides).
+    Only a node of ``freed`` changed, so the placement can differ only if one of
+    them can now hold a replica: it has the GPU one asks for. That holds for a
+    gang as for one replica: the nodes that could hold a replica before are the
+    only ones that can now, each with no more room than it had. CPU-only work is
+    always tried."""
+    if not shape.gpu:
         return True
     free_gpu, need = f.free_gpu, shape.gpu
     return any(free_gpu(n) >= need for n in freed)
