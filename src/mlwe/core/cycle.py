@@ -144,16 +144,17 @@ def can_stop_early(cp: ControlPlane, order: Sequence[Workload], preemption: bool
     """Whether the cycle may stop once nothing further can start: all waiting work
     asks for GPUs, no cohort could reclaim quota, and no preemption is possible
     (nobody waiting ranks above the lowest holder)."""
-    return (
-        bool(order)
-        and all(w.spec.resources.gpu for w in order)
-        and not any(q.cohort for q in cp.queues.values())
-        and (
-            not preemption
-            or max(w.priority for w in order)
-            <= min(cp.holding_by_priority, default=1 << 62)
-        )
-    )
+    if not order or any(q.cohort for q in cp.queues.values()):
+        return False
+    lowest = min(cp.holding_by_priority, default=1 << 62) if preemption else 1 << 62
+    # one pass over a queue that may be long: every workload asks for GPUs, and
+    # none ranks above the lowest holder (w.priority, spelt out)
+    for w in order:
+        spec = w.spec
+        p = w.priority_override
+        if not spec.resources.gpu or (spec.priority if p is None else p) > lowest:
+            return False
+    return True
 
 
 def dominated(

@@ -148,21 +148,7 @@ class GainPool:
         started = v.started_at
         assert started is not None
         iv = spec.checkpoint_interval
-        ckpt = v.last_checkpoint_at
-        wait = 0.0
-        if iv:
-            begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
-            period = iv + spec.checkpoint_cost
-            # (max() spelt out as comparisons here: a cycle builds thousands of these)
-            ran = now - begin
-            n = int((ran if ran > 0.0 else 0.0) // period)
-            if n > 0:
-                t = begin + n * period
-                ckpt = t if ckpt is None or t > ckpt else ckpt
-            wait = begin + (n + 1) * period - now  # v.next_checkpoint(now) - now
-        risk = now - (ckpt if ckpt is not None else started)
-        if not risk > 0.0:
-            risk = 0.0
+        risk, wait = exposure(v, now)
         since = risk if iv else 0.0
         return Candidate(
             v.id,
@@ -260,6 +246,31 @@ def could_gain(
     )
 
 
+def exposure(v: Workload, now: float) -> tuple[float, float]:
+    """Seconds of running holder ``v``'s work at risk at ``now`` (since its last
+    checkpoint, or its start), and seconds to its next checkpoint (0.0 if it
+    takes none): inline, v.work_at_risk(now) and v.next_checkpoint(now) - now
+    (tests/core/test_cycle_costs.py holds them equal)."""
+    started = v.started_at
+    assert started is not None
+    spec = v.spec
+    iv = spec.checkpoint_interval
+    ckpt = v.last_checkpoint_at
+    wait = 0.0
+    if iv:
+        begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
+        period = iv + spec.checkpoint_cost
+        # (max() spelt out as comparisons here: a cycle asks this of thousands)
+        ran = now - begin
+        n = int((ran if ran > 0.0 else 0.0) // period)
+        if n > 0:
+            t = begin + n * period
+            ckpt = t if ckpt is None or t > ckpt else ckpt
+        wait = begin + (n + 1) * period - now
+    risk = now - (ckpt if ckpt is not None else started)
+    return (risk if risk > 0.0 else 0.0), wait
+
+
 def holder_at(v: Workload, t: float, budget: float) -> tuple[float, bool, bool]:
     """What a gain test would read of holder ``v`` at a later moment ``t`` if only
     the clock moved: what evicting it then costs (seconds, as :func:`cost_of`),
@@ -270,20 +281,7 @@ def holder_at(v: Workload, t: float, budget: float) -> tuple[float, bool, bool]:
     started = v.started_at
     assert started is not None
     iv = spec.checkpoint_interval
-    ckpt = v.last_checkpoint_at
-    wait = 0.0
-    if iv:
-        begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
-        period = iv + spec.checkpoint_cost
-        ran = t - begin
-        n = int((ran if ran > 0.0 else 0.0) // period)
-        if n > 0:
-            c = begin + n * period
-            ckpt = c if ckpt is None or c > ckpt else ckpt
-        wait = begin + (n + 1) * period - t
-    risk = t - (ckpt if ckpt is not None else started)
-    if not risk > 0.0:
-        risk = 0.0
+    risk, wait = exposure(v, t)
     cheap = not iv or max(v.gpus(), 1e-3) * risk <= budget * wait
     ok = not (
         spec.protected

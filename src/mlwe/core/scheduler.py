@@ -453,11 +453,11 @@ class Scheduler:
         order, computed once per cycle, the first time a turn asks."""
         need = cycle.least_need
         if need is None:
-            order, cp = cycle.order, cycle.cp
+            order = cycle.order
             least = 1 << 30
             need = [least] * (len(order) + 1)
             for i in range(len(order) - 1, -1, -1):
-                g = self.shape_for(cp, order[i])[1].gpu // FULL
+                g = order[i].spec.resources.gpu // FULL  # its shape's GPU (shape_of)
                 if g < least:
                     least = g
                 need[i] = least
