@@ -111,7 +111,8 @@ class SchedulerConfig:
     gain_prior_s: float = 600.0
     #: evict an equal now only if its GPUs x the work it would lose is at most
     #: this share of the preemptor's GPUs x the time to the victim's next
-    #: checkpoint; otherwise the scheduler wakes then and looks again (0.05:
+    #: checkpoint; otherwise the scheduler wakes at the first moment enough
+    #: victims are cheap at once (mlwe.core.gain.joint_wake) and looks again (0.05:
     #: measured on the eight Philly windows once the wake really ran, against 0.1
     #: and 0.3; see benchmarks/policy_windows.py)
     gain_wait_share: float = 0.05
@@ -204,8 +205,10 @@ class Scheduler:
         return []
 
     def next_wakeup(self, cp: ControlPlane) -> float | None:
-        """When the scheduler wants a cycle by time alone: the next checkpoint of a
-        victim it chose to wait for (None: no such moment)."""
+        """When the scheduler wants a cycle by time alone: the first moment a gain
+        search that found nothing would find victims cheap enough at once
+        (:func:`mlwe.core.gain.joint_wake`), or a drain plan's next eviction (None:
+        no such moment)."""
         now = cp.now()
         if self._wake_at <= now:
             self._wake_at = INF
