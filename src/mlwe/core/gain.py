@@ -225,7 +225,7 @@ def could_gain(
         if c.id in taken:
             continue
         if not (left >= floor and left > r_p + c.cost):
-            if not drain and left > r_p + c.v.spec.restart_cost + c.v.spec.checkpoint_cost:
+            if not drain and may_outlast(left, r_p, c.v):
                 later.append((c.v, left, c.wait, c.held))  # passes once its cost is lower
             continue  # the test first: it turns most candidates away, and costs nothing
         if not drain and c.loss > budget * c.wait:  # loses too much now: wait for its checkpoint
@@ -244,6 +244,13 @@ def could_gain(
     return False, joint_wake(
         later, r_p, cfg.gain_ratio, budget, need, fork, nodes, exclude, now, cap
     )
+
+
+def may_outlast(left: float, r_p: float, v: Workload) -> bool:
+    """Whether holder ``v``, expected to run ``left`` seconds more, may pass
+    :func:`outlasts`'s cost bar against a preemptor expected to run ``r_p`` at some
+    moment: just after a checkpoint its cost is only its restore and pause."""
+    return left > r_p + v.spec.restart_cost + v.spec.checkpoint_cost
 
 
 def exposure(v: Workload, now: float) -> tuple[float, float]:
@@ -347,28 +354,29 @@ def joint_wake(
         if free + sum(x[3] for x in vs) < need:
             continue
         times: list[float] = []
-        periods: set[float] = set()
+        cycles: list[tuple[float, float]] = []  # (next checkpoint moment, period)
         until = now  # the last moment a holder there turns evictable (minimum runtime)
         for v, _, wait, _ in vs:
-            if wait > 0.0:
-                periods.add((v.spec.checkpoint_interval or 0.0) + v.spec.checkpoint_cost)
-                times.append(now + wait + 1e-6)
             spec = v.spec
+            if wait > 0.0:
+                cycles.append((now + wait, (spec.checkpoint_interval or 0.0) + spec.checkpoint_cost))
             ripe = (v.started_at or now) + spec.min_runtime + 1e-6
             if ripe > now and not spec.protected:
                 times.append(ripe)
                 until = max(until, ripe)
-        if not periods:
+        if not cycles:
             continue  # no holder there turns cheaper with time
+        periods = {period for _, period in cycles}
         horizon = until + max(periods)
-        if len(periods) > 1 or until > now:  # every moment one turns cheap up to the horizon
-            for v, _, wait, _ in vs:
-                if wait > 0.0:
-                    period = (v.spec.checkpoint_interval or 0.0) + v.spec.checkpoint_cost
-                    t = now + wait + period
-                    while t <= horizon:
-                        times.append(t + 1e-6)
-                        t += period
+        # each holder's checkpoints up to the horizon (with one period and nobody
+        # ripening later, its next one: the pattern repeats after it)
+        repeat = len(periods) > 1 or until > now
+        for t, period in cycles:
+            times.append(t + 1e-6)
+            t += period
+            while repeat and t <= horizon:
+                times.append(t + 1e-6)
+                t += period
         for t in sorted(times):
             if t >= wake:
                 break
@@ -494,7 +502,7 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
 
     def worth(v: Workload) -> bool:
         r_v = expect(v)
-        if r_v >= ratio * r_p and r_v > r_p + v.spec.restart_cost + v.spec.checkpoint_cost:
+        if r_v >= ratio * r_p and may_outlast(r_v, r_p, v):
             later[v.id] = (v, r_v, _wait_for_checkpoint(v, now), _held(v))
         if not outlasts(r_v, r_p, cost_of(v, now), ratio):
             return False

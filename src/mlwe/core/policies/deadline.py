@@ -87,7 +87,7 @@ def project_start(
         while order:
             w = order[0]
             shape = shapes[id(w)]
-            if freed is not None and not _may_fit_now(f, shape, w.spec.replicas, freed):
+            if freed is not None and not _may_fit_now(f, shape, freed):
                 break
             allocs = place.place(f, shape, w.spec.replicas)
             if allocs is None:
@@ -151,8 +151,8 @@ def _holder_ends(
     return heap, assumed
 
 
-def _may_fit_now(f: CapacityIndex, shape: Shape, replicas: int, freed: set[str]) -> bool:
-    """Whether ``replicas`` of ``shape``, which did not fit before ``freed``'s nodes
+def _may_fit_now(f: CapacityIndex, shape: Shape, freed: set[str]) -> bool:
+    """Whether ``shape`` (one replica or several), which did not fit before ``freed``'s nodes
     released work, may fit now (a quick necessary test; the placement decides).
     Only a node of ``freed`` changed, so the placement can differ only if one of
     them can now hold a replica: it has the GPU one asks for. That holds for a

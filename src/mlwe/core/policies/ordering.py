@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any, Protocol
 
 from mlwe.core.model import Queue, Workload
@@ -232,19 +233,17 @@ class SizeAware:
 
     def _rebuild(self, queued: Sequence[Workload], now: float) -> list[Workload]:
         key = self.key
-        pairs = sorted(((key(w, now), w) for w in queued), key=_first)
+        pairs = sorted(((key(w, now), w) for w in queued), key=_FIRST)
         self._kept = None
-        if all(w.deadline is None for w in queued):
+        # kept only without deadlines (their keys move with the clock) and with no
+        # queue member running (none should be: attained service would move too)
+        if all(w.deadline is None and w.started_at is None for w in queued):
             keys = self._keys
-            self._kept = {
-                w.id: (w, len(w.history), w.priority, k) for k, w in pairs if w.started_at is None
-            }
-            self._sorted = [kw for kw in pairs if kw[1].started_at is None]
+            self._kept = {w.id: (w, len(w.history), w.priority, k) for k, w in pairs}
+            self._sorted = pairs
             self._kept_learned = min(
                 (keys[w.id][1] for w in queued), default=self.estimator.learned
             )
-            if len(self._sorted) != len(pairs):
-                self._kept = None  # one is running (no queue member should be): no order kept
         return [w for _, w in pairs]
 
     def _update(self, queued: Sequence[Workload], now: float) -> list[Workload] | None:
@@ -270,7 +269,7 @@ class SizeAware:
             gone += [i for i in kept if i not in ids]
         for wid in gone:
             k = kept.pop(wid)
-            i = bisect.bisect_left(srt, k[3], key=_first)
+            i = bisect.bisect_left(srt, k[3], key=_FIRST)
             assert srt[i][1] is k[0]
             del srt[i]
         if fresh:
@@ -279,13 +278,12 @@ class SizeAware:
             for w in fresh:
                 kw = key(w, now)
                 kept[w.id] = (w, len(w.history), w.priority, kw)
-                bisect.insort(srt, (kw, w), key=_first)
+                bisect.insort(srt, (kw, w), key=_FIRST)
                 self._kept_learned = min(self._kept_learned, learned[w.id][1])
         return [w for _, w in srt]
 
 
-def _first(pair: tuple[Any, ...]) -> Any:
-    return pair[0]
+_FIRST = itemgetter(0)  # a (key, workload) pair's key
 
 
 class RuntimeEstimatorLike(Protocol):
