@@ -17,12 +17,18 @@ import pytest
 
 from mlwe.core import ControlPlane, Exited, NodeStatus, Resources
 from mlwe.core.capacity import CapacityIndex, NodeInfo, Shape
-from mlwe.core.gain import Candidate, GainPool, cost_of, expected_left
-from mlwe.core.lifecycle import State
+from mlwe.core.gain import Candidate, GainAsk, GainPool, cost_of, expected_left, gain_choice
+from mlwe.core.lifecycle import QUEUED, State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import Remaining
-from mlwe.core.policies.preemption import EVICTABLE
-from mlwe.core.rules import GAIN_MAX_PREEMPTIONS, GAIN_MIN_QUANTUM_S, preemptible
+from mlwe.core.policies.preemption import EVICTABLE, CheapestVictims
+from mlwe.core.rules import (
+    GAIN_MAX_PREEMPTIONS,
+    GAIN_MIN_QUANTUM_S,
+    gain_allowed,
+    gain_violations,
+    preemptible,
+)
 from mlwe.core.scheduler import SchedulerConfig, default_scheduler, no_cyclic_gc
 from tests.core.builders import (
     A100,
@@ -234,6 +240,70 @@ def test_gain_pool_candidates_are_the_rules_field_for_field() -> None:
                 got = pool.all()
                 assert got == want
     assert any(c.loss for c in got) and any(not c.evictable for c in got)
+
+
+def test_a_gain_search_reads_the_pool_as_it_reads_the_rules() -> None:
+    """What a gain search reads of an equal from the cycle's pool (its estimate,
+    cost, wait and loss, with the estimator asked directly) is what the rules say
+    of it: the same victims, gain, cost and wake time for every preemptor, and
+    the cheap bound test says what the reasons say."""
+    rng = random.Random(11)
+    cp, clock = cluster(*(gpu_node(f"n{i}", gpus=8) for i in range(6)))
+    sched = default_scheduler()
+    n = 0
+
+    def more(k: int) -> None:
+        nonlocal n
+        specs = []
+        for _ in range(k):
+            kw: dict[str, Any] = {"priority": rng.choice([50, 50, 60])}
+            if rng.random() < 0.6:
+                kw["checkpoint_interval"] = rng.choice([300.0, 1800.0])
+                kw["checkpoint_cost"] = rng.choice([0.0, 20.0])
+            if rng.random() < 0.5:  # short ones to preempt for, long ones to evict
+                kw["estimated_duration"] = rng.choice(
+                    [rng.uniform(60, 600), rng.uniform(20_000, 200_000)]
+                )
+            kw["restart_cost"] = rng.choice([0.0, 60.0])
+            kw["min_runtime"] = rng.choice([0.0, 0.0, 3000.0])
+            specs.append(gpu_job(f"w{n}", gpu=rng.choice([1, 2, 4, 8]), **kw))
+            n += 1
+        submit(cp, *specs)
+
+    more(40)
+    for _ in range(6):  # runs, and completions the estimator learns from
+        ok(sched.run_cycle(cp))
+        run_to_running(cp, [w.id for w in cp.workloads.values() if w.state is State.ADMITTED])
+        clock.advance(rng.uniform(300, 1500))
+        done = [w for w in cp.workloads.values() if w.state is State.RUNNING]
+        ok(cp.apply([Exited(w.id, w.attempt, 0) for w in rng.sample(done, len(done) // 3)]))
+        more(12)
+    ok(sched.run_cycle(cp))
+    run_to_running(cp, [w.id for w in cp.workloads.values() if w.state is State.ADMITTED])
+    for v in (cp.workloads[w] for w in cp.holder_ids()):
+        v.last_checkpoint_at = rng.choice([None, (v.started_at or 0.0) + rng.uniform(0, 900)])
+        v.preemptions = rng.choice([0, 0, 1, GAIN_MAX_PREEMPTIONS])
+    waiting = [w for w in cp.workloads.values() if w.state in QUEUED]
+    assert len(waiting) > 10 and sched.estimator is not None and sched.estimator.learned > 5
+    cfg, found, missed = SchedulerConfig(gain_preemption=True), 0, 0
+    for step in range(8):
+        now = clock.now() + step * 613.7
+        for p in waiting:
+            for v in (cp.workloads[w] for w in cp.holder_ids()):
+                assert gain_allowed(p, v, now) is not bool(gain_violations(p, v, now))
+            pool = GainPool(cfg, sched.remaining, cp, p.priority, now,
+                            learned=sched.estimator.remaining_s)
+            assert pool.all() == GainPool(cfg, sched.remaining, cp, p.priority, now).all()
+            _, shape = sched.shape_for(cp, p)
+            answers = []
+            for with_pool in (None, pool):
+                ask = GainAsk(cfg, sched.remaining, CheapestVictims(), cp, cp.capacity.fork(),
+                              p, shape, set(), frozenset(), now, with_pool)
+                answers.append(gain_choice(ask))
+            assert answers[0] == answers[1]
+            found += answers[0][0] is not None
+            missed += answers[0][0] is None and answers[0][1] < float("inf")
+    assert found and missed  # both kinds of answer were compared
 
 
 def test_holder_ids_are_kept_until_holding_changes() -> None:

@@ -30,6 +30,9 @@ from mlwe.core.spec import NodeStatus
 if TYPE_CHECKING:
     from mlwe.core.scheduler import SchedulerConfig
 
+#: the states a victim may be in, as a set (the pool tests every holder of a cycle)
+_EVICTABLE_STATES = frozenset(EVICTABLE)
+
 #: victims, expected gain and cost (GPU-seconds), and the reason text
 GainChoice = tuple[VictimChoice, float, float, str]
 
@@ -79,7 +82,7 @@ class GainPool:
     :class:`Candidate` (its cost, loss, wait, preemptibility and placement) is
     computed the first time a search reaches it."""
 
-    __slots__ = ("_entries", "_full", "_now")
+    __slots__ = ("_entries", "_full", "_index", "_now")
 
     def __init__(
         self,
@@ -88,28 +91,39 @@ class GainPool:
         cp: ControlPlane,
         priority: int,
         now: float,
+        learned: Callable[[Workload, float], float | None] | None = None,
     ) -> None:
+        """``learned``: what ``remaining`` answers for a workload without the user's
+        estimate, asked with its attained service (the estimator's
+        ``remaining_s``): a cycle asks it of every holder, and this skips the
+        layers ``remaining`` goes through to get there."""
         self._now = now
         prior = cfg.gain_prior_s
         workloads = cp.workloads
         entries: list[tuple[float, int, Workload]] = []
         append = entries.append
+        evictable = _EVICTABLE_STATES
         # each holder once, in the order of the nodes it holds on (a gang appears on several)
         for wid in cp.holder_ids():
             v = workloads[wid]
             p = v.priority_override
             started = v.started_at
+            spec = v.spec
             if (
-                (v.spec.priority if p is None else p) != priority
-                or v.state not in EVICTABLE
+                (spec.priority if p is None else p) != priority
+                or v.state not in evictable
                 or v.preemptions >= GAIN_MAX_PREEMPTIONS
                 or started is None
                 or now - started < GAIN_MIN_QUANTUM_S
             ):
                 continue
-            left = remaining(v, now)
-            if left is None:  # expected_left's prior
+            if learned is not None and spec.estimated_duration is None:
                 done = attained(v, now)
+                left = learned(v, done)
+            else:
+                left = remaining(v, now)
+                done = attained(v, now) if left is None else 0.0
+            if left is None:  # expected_left's prior
                 left = prior if prior > done else done  # max(done, prior), without the call
             if left == left:  # a NaN estimate passes no victim test
                 append((left, len(entries), v))
@@ -117,6 +131,7 @@ class GainPool:
         entries.sort(key=itemgetter(0), reverse=True)
         self._entries = entries
         self._full: list[Candidate | None] = [None] * len(entries)
+        self._index: dict[str, int] | None = None
 
     def reaching(self, floor: float) -> Iterator[Candidate]:
         """The candidates expected to run at least ``floor`` seconds more, longest first."""
@@ -128,6 +143,22 @@ class GainPool:
             if c is None:
                 c = full[i] = self._candidate(left, v)
             yield c
+
+    def get(self, wid: str) -> Candidate | None:
+        """Holder ``wid``'s candidate (None: the pool does not hold it: another
+        priority, not running, under the minimum quantum, at the bound on
+        preemptions, or an estimate that is not a number)."""
+        index = self._index
+        if index is None:
+            index = self._index = {v.id: i for i, (_, _, v) in enumerate(self._entries)}
+        i = index.get(wid)
+        if i is None:
+            return None
+        c = self._full[i]
+        if c is None:
+            left, _, v = self._entries[i]
+            c = self._full[i] = self._candidate(left, v)
+        return c
 
     def all(self) -> list[Candidate]:
         """Every candidate, in the holders' order."""
@@ -465,6 +496,9 @@ class GainAsk(NamedTuple):
     taken: set[str]
     exclude: frozenset[str]
     now: float
+    #: the cycle's gain pool for ``w``'s priority, when it has one: a search then
+    #: reads each equal's estimate, cost and wait from it instead of anew
+    pool: GainPool | None = None
 
     def expect(self, x: Workload) -> float:
         """``x``'s expected remaining run time (:func:`expected_left`)."""
@@ -512,6 +546,21 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
         too_much, _ = loses_too_much(v, now, budget)
         return not too_much
 
+    pool = ask.pool
+
+    def worth_in_pool(v: Workload) -> bool:
+        # worth(), on what the cycle's pool already computed of v (the same
+        # functions, inlined: tests/core/test_cycle_costs.py holds them equal);
+        # an equal the pool left out may not be preempted for gain at all
+        assert pool is not None
+        c = pool.get(v.id)
+        if c is None:
+            return False
+        r_v = c.left
+        if r_v >= ratio * r_p and may_outlast(r_v, r_p, v):
+            later[v.id] = (v, r_v, c.wait, c.held)
+        return outlasts(r_v, r_p, c.cost, ratio) and not c.loss > budget * c.wait
+
     def wake() -> float:
         if not later:
             return INF
@@ -522,7 +571,7 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
 
     if not takes_equals(ask.preemption):
         return None, INF  # a victim policy that knows no "equals"
-    choice = ask.select(worth)
+    choice = ask.select(worth if pool is None else worth_in_pool)
     if choice is None:
         return None, wake()
     gain = cost = 0.0

@@ -217,8 +217,20 @@ GAIN_MIN_QUANTUM_S = 600.0
 GAIN_MAX_PREEMPTIONS = 6
 
 
+def gain_allowed(p: Workload, v: Workload, now: float) -> bool:
+    """``not gain_violations(p, v, now)``, without writing the reasons: a victim
+    search asks it of every equal on every node it examines, and most fail."""
+    started = v.started_at
+    return (
+        p.priority == v.priority
+        and (0.0 if started is None else max(0.0, now - started)) >= GAIN_MIN_QUANTUM_S
+        and v.preemptions < GAIN_MAX_PREEMPTIONS
+    )
+
+
 def gain_violations(p: Workload, v: Workload, now: float) -> list[str]:
-    """Why ``p`` may not preempt ``v`` among equals (empty: it may)."""
+    """Why ``p`` may not preempt ``v`` among equals (empty: it may; see
+    :func:`gain_allowed` for the test alone)."""
     out = []
     if p.priority != v.priority:
         out.append(

@@ -547,7 +547,8 @@ class Scheduler:
         cycle.gain_searches += 1
         if known is False or not self._could_gain(cycle, turn):
             return self._drain_for_gain(cycle, turn)
-        got, wake = gain_choice(self._gain_ask(cycle, turn), self._wake_at)
+        ask = self._gain_ask(cycle, turn)._replace(pool=cycle.gain_pools.get(turn.w.priority))
+        got, wake = gain_choice(ask, self._wake_at)
         self._wake_at = min(self._wake_at, wake)
         if got is None:
             return self._drain_for_gain(cycle, turn)
@@ -635,8 +636,10 @@ class Scheduler:
             return bool(nodes)
         pool = cycle.gain_pools.get(w.priority)
         if pool is None:
+            est = self.estimator
             pool = cycle.gain_pools[w.priority] = GainPool(
-                self.config, self.remaining, cp, w.priority, cycle.now
+                self.config, self.remaining, cp, w.priority, cycle.now,
+                learned=est.remaining_s if est is not None else None,
             )
         node_set = cycle.node_sets.get(shape.models)
         if node_set is None:

@@ -20,7 +20,7 @@ from mlwe.core.controlplane import ControlPlane
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload
 from mlwe.core.resources import format_duration
-from mlwe.core.rules import frees_what_is_needed, gain_violations, preemptible
+from mlwe.core.rules import frees_what_is_needed, gain_allowed, preemptible
 from mlwe.core.spec import NodeStatus
 
 #: A CPU-only victim's cores are weighed as GPUs at this rate (8 cores ~ 1 GPU).
@@ -152,7 +152,7 @@ def _eligibility(
         if theirs < mine:
             why = by_priority
         elif equals is not None and theirs == mine:
-            if gain_violations(p, v, now) or not equals(v):
+            if not (gain_allowed(p, v, now) and equals(v)):
                 return None
             why = PreemptReason.GAIN
         elif reclaim_ok:
