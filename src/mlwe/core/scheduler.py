@@ -69,6 +69,9 @@ from mlwe.core.records import place_record, why_waiting
 from mlwe.core.rules import gain_violations, preemptible, quota_verdict
 from mlwe.core.spec import NodeStatus, WorkloadSpec
 
+#: a workload the cycle's memo of expected remaining times has no answer for yet
+_UNKNOWN = object()
+
 
 @contextmanager
 def no_cyclic_gc() -> Iterator[None]:
@@ -223,16 +226,18 @@ class Scheduler:
         memo = self._left
         if memo is None or now != self._left_at:
             return self._remaining(w, now)
-        if w.id in memo:
-            return memo[w.id]
-        rem = memo[w.id] = self._remaining(w, now)
-        return rem
+        rem = memo.get(w.id, _UNKNOWN)
+        if rem is _UNKNOWN:
+            rem = memo[w.id] = self._remaining(w, now)
+        return rem  # type: ignore[return-value]
 
     def _remaining(self, w: Workload, now: float) -> float | None:
-        # remaining_estimate is None without the user's estimate (most trace jobs)
-        rem = None if w.spec.estimated_duration is None else w.remaining_estimate(now)
-        if rem is None and self.estimator is not None:
-            rem = self.estimator.remaining_s(w, attained(w, now))
+        est = self.estimator
+        if w.spec.estimated_duration is None:  # (most trace jobs) no estimate of the user's
+            return None if est is None else est.remaining_s(w, attained(w, now))
+        rem = w.remaining_estimate(now)
+        if rem is None and est is not None:
+            rem = est.remaining_s(w, attained(w, now))
         return rem
 
     def plan(self, cp: ControlPlane, cause_id: str | None = None) -> Plan:

@@ -211,8 +211,7 @@ class PlaneState:
             raise KeyError(f"unknown workload {workload_id!r}") from None
 
     def queued_workloads(self) -> list[Workload]:
-        w = self.workloads
-        return [w[i] for i in self.queued]
+        return list(map(self.workloads.__getitem__, self.queued))
 
     def holders(self, node: str) -> list[Workload]:
         w = self.workloads

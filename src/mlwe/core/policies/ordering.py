@@ -256,7 +256,13 @@ class SizeAware:
         same = 0
         for w in queued:
             k = kept.get(w.id)
-            if k is not None and k[0] is w and k[1] == len(w.history) and k[2] == w.priority:
+            # (w.priority, spelt out: a cycle asks this of the whole queue)
+            if (
+                k is not None
+                and k[0] is w
+                and k[1] == len(w.history)
+                and k[2] == (w.spec.priority if w.priority_override is None else w.priority_override)
+            ):
                 same += 1
                 continue
             if w.deadline is not None or w.started_at is not None:
@@ -280,10 +286,11 @@ class SizeAware:
                 kept[w.id] = (w, len(w.history), w.priority, kw)
                 bisect.insort(srt, (kw, w), key=_FIRST)
                 self._kept_learned = min(self._kept_learned, learned[w.id][1])
-        return [w for _, w in srt]
+        return list(map(_SECOND, srt))
 
 
 _FIRST = itemgetter(0)  # a (key, workload) pair's key
+_SECOND = itemgetter(1)  # and its workload
 
 
 class RuntimeEstimatorLike(Protocol):
