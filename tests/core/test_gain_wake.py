@@ -120,6 +120,33 @@ def test_the_wake_is_the_first_moment_every_holder_of_a_node_is_cheap_at_once() 
                       cap=wake + 1.0) == (False, wake)
 
 
+def test_a_holder_that_started_at_time_zero_ripened_then() -> None:
+    # a trace's first job starts at 0.0: read as "not started", its minimum runtime
+    # ran out at every call, and a wake was named a microsecond after each cycle: a
+    # replay crawled forward one microsecond per cycle (found on philly-5000)
+    cp, clock = cluster(gpu_node("n0", gpus=8))
+    running_on(cp, gpu_job("long", gpu=8, checkpoint_interval=PERIOD), "n0")
+    v = cp.get("long")
+    assert v.started_at == 0.0
+    clock.advance(10 * PERIOD + 1.0)  # a second after a checkpoint: cheap to evict now
+    submit(cp, gpu_job("short", gpu=8))
+    left = {"long": 500_000.0, "short": 600.0}
+    w = cp.get("short")
+    shape = shape_of(w.spec, (A100,))
+    now = clock.now()
+    c = GainPool(CFG, _fixed(left), cp, w.priority, now).get("long")
+    assert c is not None and c.loss <= CFG.gain_wait_share * 8 * c.wait
+    fork = cp.capacity.fork()
+    wake = joint_wake(
+        [(v, c.left, c.wait, c.held)], left["short"], CFG.gain_ratio,
+        CFG.gain_wait_share * 8, shape.gpu, fork, frozenset(candidate_nodes(fork, shape)),
+        frozenset(), now,
+    )
+    # the next moment it turns cheap is its next checkpoint, not a microsecond from now
+    nxt = v.next_checkpoint(now)
+    assert nxt is not None and wake == pytest.approx(nxt + 1e-6)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_no_moment_before_the_wake_finds_victims_and_the_wake_does(seed: int) -> None:
     """Random holders (GPUs, checkpoint phases and periods, protection, minimum

@@ -391,7 +391,8 @@ def joint_wake(
             spec = v.spec
             if wait > 0.0:
                 cycles.append((now + wait, (spec.checkpoint_interval or 0.0) + spec.checkpoint_cost))
-            ripe = (v.started_at or now) + spec.min_runtime + 1e-6
+            started = v.started_at  # (0.0 is a start: a trace's first job starts then)
+            ripe = (now if started is None else started) + spec.min_runtime + 1e-6
             if ripe > now and not spec.protected:
                 times.append(ripe)
                 until = max(until, ripe)
