@@ -644,7 +644,7 @@ class Scheduler:
             est = self.estimator
             pool = cycle.gain_pools[w.priority] = GainPool(
                 self.config, self.remaining, cp, w.priority, cycle.now,
-                learned=est.remaining_s if est is not None else None,
+                learned=est.remaining_s if est is not None else None, memo=self._left,
             )
         node_set = cycle.node_sets.get(shape.models)
         if node_set is None:
