@@ -91,15 +91,7 @@ class GainPool:
         cp: ControlPlane,
         priority: int,
         now: float,
-        learned: Callable[[Workload, float], float | None] | None = None,
-        memo: dict[str, float | None] | None = None,
     ) -> None:
-        """``learned``: what ``remaining`` answers for a workload without the user's
-        estimate, asked with its attained service (the estimator's
-        ``remaining_s``): a cycle asks it of every holder, and this skips the
-        layers ``remaining`` goes through to get there. ``memo``: ``remaining``'s
-        answers at ``now`` that the caller keeps, read and filled in on that path
-        (the head's projection in the same cycle asks about the same holders)."""
         self._now = now
         prior = cfg.gain_prior_s
         workloads = cp.workloads
@@ -120,18 +112,9 @@ class GainPool:
                 or now - started < GAIN_MIN_QUANTUM_S
             ):
                 continue
-            if learned is not None and spec.estimated_duration is None:
-                done = attained(v, now)
-                if memo is None:
-                    left = learned(v, done)
-                elif wid in memo:
-                    left = memo[wid]
-                else:
-                    left = memo[wid] = learned(v, done)
-            else:
-                left = remaining(v, now)
-                done = attained(v, now) if left is None else 0.0
+            left = remaining(v, now)
             if left is None:  # expected_left's prior
+                done = attained(v, now)
                 left = prior if prior > done else done  # max(done, prior), without the call
             if left == left:  # a NaN estimate passes no victim test
                 append((left, len(entries), v))

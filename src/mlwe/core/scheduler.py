@@ -641,10 +641,8 @@ class Scheduler:
             return bool(nodes)
         pool = cycle.gain_pools.get(w.priority)
         if pool is None:
-            est = self.estimator
             pool = cycle.gain_pools[w.priority] = GainPool(
-                self.config, self.remaining, cp, w.priority, cycle.now,
-                learned=est.remaining_s if est is not None else None, memo=self._left,
+                self.config, self.remaining, cp, w.priority, cycle.now
             )
         node_set = cycle.node_sets.get(shape.models)
         if node_set is None:
