@@ -10,10 +10,18 @@ and in the engine it is seeded from the control plane's completed workloads
 (what the store recovered), so it survives restarts.
 
 Model: one bounded sample of past run times per feature key, from specific to
-general (queue + name stem + GPUs ... down to everything); a prediction uses
-the most specific key with at least ``min_samples`` runs. Where the labels give
-an iteration count, the same is done for seconds per iteration; where the user
-gave an estimate, for the ratio actual / estimate. For attained service ``a``
+general (queue + name stem + GPUs ... down to everything). Each key keeps the
+record of its own predictions: when a run completes, before it is learned,
+every key it belongs to that already had ``min_samples`` runs is scored on it
+(the relative error of that key's median). A prediction from run times uses,
+among the keys with at least ``min_samples`` runs, the one whose own
+predictions have the lowest median error once ``min_errors`` are scored
+(3Sigma's choice of feature by past accuracy, Park et al., EuroSys 2018); while
+none has such a record, the most specific one. Where the labels give an
+iteration count, the most specific key's seconds per iteration are used; where
+the user gave an estimate, its ratio actual / estimate (scored the same way,
+but chosen by specificity: choosing those by record too lost on ITP, see
+``_best``). For attained service ``a``
 the distribution is conditioned on S > a: the expected remaining time is the
 median of what is left, and the Gittins index (the best ratio of completion
 probability to expected service over every quantum) ranks size-aware
@@ -72,7 +80,9 @@ class _Sample:
     stamp: int = 0
     order: deque[float] = field(default_factory=deque)
     sorted: list[float] = field(default_factory=list)
-    errors: list[float] = field(default_factory=list)  # sorted relative errors of past predictions
+    #: sorted relative errors of this key's own past predictions (its median,
+    #: scored on each run it saw complete before learning it)
+    errors: list[float] = field(default_factory=list)
 
     def add(self, x: float) -> None:
         self.version += 1
@@ -122,11 +132,13 @@ class RuntimeEstimator:
 
     name = "learned-runtime"
 
-    def __init__(self, min_samples: int = 3, keep: int = 256) -> None:
-        if min_samples < 1 or keep < min_samples:
-            raise ValueError("need 1 <= min_samples <= keep")
+    def __init__(self, min_samples: int = 3, keep: int = 256, min_errors: int = 3) -> None:
+        if min_samples < 1 or keep < min_samples or not 1 <= min_errors <= keep:
+            raise ValueError("need 1 <= min_samples <= keep and 1 <= min_errors <= keep")
         self.min_samples = min_samples
         self.keep = keep
+        #: scored predictions a run-time key needs before its record may choose it
+        self.min_errors = min_errors
         self._durations: dict[tuple[str, ...], _Sample] = {}
         self._per_iter: dict[tuple[str, ...], _Sample] = {}
         self._ratio: dict[tuple[str, ...], _Sample] = {}
@@ -141,9 +153,10 @@ class RuntimeEstimator:
         self._cache: dict[
             str, tuple[int, _Sample | None, int, float, Estimate | None, WorkloadSpec]
         ] = {}
-        #: bumped whenever a sample first reaches ``min_samples`` (which key a
-        #: prediction uses may then change); with the used sample's stamp it tells
-        #: exactly when a cached prediction still is what a new one would be
+        #: bumped whenever which key a prediction uses may change (a sample first
+        #: reaches ``min_samples``, or a key's record of errors moves: every
+        #: completion); with the used sample's stamp it tells exactly when a
+        #: cached prediction still is what a new one would be
         self._epoch = 0
         #: id -> (epoch, sample used or None, its stamp, spec, fixed total; -1: read
         #: the sample at the attained service; None: no estimate)
@@ -216,9 +229,10 @@ class RuntimeEstimator:
     ) -> None:
         for k, _ in keys:
             s = self._sample(table, k)
+            if len(s.order) >= self.min_samples:
+                s.note_error(abs(s.median() - x) / x)  # its own prediction, scored first
             s.add(x)
-            if len(s.order) == self.min_samples:
-                self._epoch += 1
+        self._epoch += 1  # a record moved, or a sample became usable: the choice may change
 
     def _sample(self, table: dict[tuple[str, ...], _Sample], key: tuple[str, ...]) -> _Sample:
         s = table.get(key)
@@ -229,11 +243,36 @@ class RuntimeEstimator:
     def _best(
         self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]]
     ) -> tuple[_Sample, str] | None:
+        """The sample a prediction reads (with its words). Run times: among
+        ``keys`` with at least ``min_samples`` runs, the one whose own predictions
+        have the lowest median error (``min_errors`` scored; the more specific on
+        a tie); while none has such a record, the most specific one. Seconds per
+        iteration and the ratio to the user's estimate: the most specific (by
+        record, ITP's avg JCT rose 13% on itp:02, where iterations drive the
+        estimates: benchmarks/policy_quality.py)."""
+        need = self.min_samples
+        if table is not self._durations:
+            for k, words in keys:
+                s = table.get(k)
+                if s is not None and len(s.order) >= need:
+                    return s, words
+            return None
+        first: tuple[_Sample, str] | None = None
+        best: tuple[_Sample, str] | None = None
+        best_err = math.inf
+        scored = self.min_errors
         for k, words in keys:
             s = table.get(k)
-            if s is not None and len(s.order) >= self.min_samples:
-                return s, words
-        return None
+            if s is None or len(s.order) < need:
+                continue
+            if first is None:
+                first = (s, words)
+            errs = s.errors
+            if len(errs) >= scored:
+                e = errs[len(errs) // 2]
+                if e < best_err:
+                    best, best_err = (s, words), e
+        return best if best is not None else first
 
     # ---------------------------------------------------------------- prediction
     def estimate(self, w: Workload, attained_s: float = 0.0) -> Estimate | None:
@@ -404,13 +443,6 @@ class RuntimeEstimator:
             err = abs(pred - run_s) / run_s
             self.predicted += 1
             self.errors.append(err)
-            for k, _ in self._keys(w.spec)[:1]:
-                for table in (self._durations, self._per_iter, self._ratio):
-                    if k in table:
-                        table[k].note_error(err)
-            got = self._best(self._durations, self._keys(w.spec))
-            if got is not None:
-                got[0].note_error(err)
         self.learn(w.spec, run_s)
 
     def error_stats(self) -> dict[str, float | int | None]:

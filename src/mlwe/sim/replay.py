@@ -156,7 +156,8 @@ def _figures(
         **estimator.error_stats(),
         "estimator": (
             f"{estimator.name} (learned online from completed jobs only; min"
-            f" {estimator.min_samples} runs per key) "
+            f" {estimator.min_samples} runs per key; run times from the key whose own"
+            f" predictions erred least once {estimator.min_errors} are scored) "
             + ("used by the policy" if getattr(scheduler, "estimator", None) is estimator
                else "scored only: the policy does not use it")
         ),
