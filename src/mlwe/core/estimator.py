@@ -222,6 +222,7 @@ class RuntimeEstimator:
             self._add(self._per_iter, keys, run_s / it)
         if spec.estimated_duration:
             self._add(self._ratio, keys, run_s / spec.estimated_duration)
+        self._epoch += 1  # a record moved, or a sample became usable: the choice may change
 
     def _add(
         self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]],
@@ -232,7 +233,6 @@ class RuntimeEstimator:
             if len(s.order) >= self.min_samples:
                 s.note_error(abs(s.median() - x) / x)  # its own prediction, scored first
             s.add(x)
-        self._epoch += 1  # a record moved, or a sample became usable: the choice may change
 
     def _sample(self, table: dict[tuple[str, ...], _Sample], key: tuple[str, ...]) -> _Sample:
         s = table.get(key)
@@ -241,17 +241,18 @@ class RuntimeEstimator:
         return s
 
     def _best(
-        self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]]
+        self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]],
+        by_record: bool = False,
     ) -> tuple[_Sample, str] | None:
         """The sample a prediction reads (with its words). Run times: among
         ``keys`` with at least ``min_samples`` runs, the one whose own predictions
         have the lowest median error (``min_errors`` scored; the more specific on
-        a tie); while none has such a record, the most specific one. Seconds per
-        iteration and the ratio to the user's estimate: the most specific (by
-        record, ITP's avg JCT rose 13% on itp:02, where iterations drive the
+        a tie); while none has such a record, the most specific one (``by_record``).
+        Seconds per iteration and the ratio to the user's estimate: the most
+        specific (by record, ITP's avg JCT rose 13% on itp:02, where iterations drive the
         estimates: benchmarks/policy_quality.py)."""
         need = self.min_samples
-        if table is not self._durations:
+        if not by_record:
             for k, words in keys:
                 s = table.get(k)
                 if s is not None and len(s.order) >= need:
@@ -269,8 +270,8 @@ class RuntimeEstimator:
                 first = (s, words)
             errs = s.errors
             if len(errs) >= scored:
-                e = errs[len(errs) // 2]
-                if e < best_err:
+                e = _median(errs)
+                if e is not None and e < best_err:
                     best, best_err = (s, words), e
         return best if best is not None else first
 
@@ -349,7 +350,7 @@ class RuntimeEstimator:
             if got is not None:
                 return user * got[0].median(), got[0]
             return user, None
-        got = self._best(self._durations, keys)
+        got = self._best(self._durations, keys, by_record=True)
         if got is None:
             return None, None
         return -1.0, got[0]
@@ -380,7 +381,7 @@ class RuntimeEstimator:
                 return Estimate(total, max(0.0, total - a), len(s.order), words,
                                 "user-calibrated", _median(s.errors)), s
             return Estimate(user, max(0.0, user - a), 0, "", "user", None), None
-        got = self._best(self._durations, keys)
+        got = self._best(self._durations, keys, by_record=True)
         if got is None:
             return None, None
         s, words = got
@@ -398,7 +399,7 @@ class RuntimeEstimator:
         """Gittins index (1/s) of ``w`` at attained service ``attained_s`` over the
         learned distribution of its key: max over quanta D of P(S - a <= D | S > a)
         / E[min(S - a, D) | S > a]. None without enough history."""
-        got = self._best(self._durations, self.keys_for(w))
+        got = self._best(self._durations, self.keys_for(w), by_record=True)
         if got is None:
             return None
         sample = got[0]
