@@ -164,6 +164,15 @@ class RuntimeEstimator:
             str, tuple[int, _Sample | None, int, WorkloadSpec, float | None]
         ] = {}
         self._keys_of: dict[str, tuple[WorkloadSpec, list[tuple[tuple[str, ...], str]]]] = {}
+        #: one list per distinct set of keys (equal lists are the same object), so
+        #: that what :meth:`_best` chose for it can be kept per epoch
+        self._key_lists: dict[tuple[tuple[str, ...], ...], list[tuple[tuple[str, ...], str]]] = {}
+        #: (table, id of a key list) -> (epoch, what _best chose, the list): a
+        #: choice changes only when the epoch moves (every learn())
+        self._chosen: dict[
+            tuple[int, int],
+            tuple[int, tuple[_Sample, str] | None, list[tuple[tuple[str, ...], str]]],
+        ] = {}
         self._gittins: dict[tuple[int, float], tuple[int, float]] = {}
         self._attached: object | None = None
 
@@ -179,7 +188,14 @@ class RuntimeEstimator:
         if got is None or got[0] is not w.spec:
             if len(self._keys_of) > 200_000:
                 self._keys_of.clear()
-            got = self._keys_of[w.id] = (w.spec, self._keys(w.spec))
+            keys = self._keys(w.spec)
+            sig = tuple(k for k, _ in keys)
+            interned = self._key_lists.get(sig)
+            if interned is None:
+                if len(self._key_lists) > 200_000:
+                    self._key_lists.clear()
+                interned = self._key_lists[sig] = keys
+            got = self._keys_of[w.id] = (w.spec, interned)
         return got[1]
 
     # ------------------------------------------------------------------ features
@@ -251,6 +267,21 @@ class RuntimeEstimator:
         Seconds per iteration and the ratio to the user's estimate: the most
         specific (by record, ITP's avg JCT rose 13% on itp:02, where iterations drive the
         estimates: benchmarks/policy_quality.py)."""
+        memo = (id(table), id(keys))
+        kept = self._chosen.get(memo)
+        if kept is not None and kept[0] == self._epoch and kept[2] is keys:
+            return kept[1]
+        got = self._choose(table, keys, by_record)
+        if len(self._chosen) > 200_000:
+            self._chosen.clear()
+        # (the entry holds the list, so its id is not reused while the entry stands)
+        self._chosen[memo] = (self._epoch, got, keys)
+        return got
+
+    def _choose(
+        self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]],
+        by_record: bool,
+    ) -> tuple[_Sample, str] | None:
         need = self.min_samples
         if not by_record:
             for k, words in keys:
