@@ -16,15 +16,23 @@ from typing import Any
 import pytest
 
 from mlwe.core import ControlPlane, Exited, NodeStatus, Resources
+from mlwe.core.actions import PreemptReason
 from mlwe.core.capacity import CapacityIndex, NodeInfo, Shape
 from mlwe.core.gain import Candidate, GainAsk, GainPool, cost_of, expected_left, gain_choice
 from mlwe.core.lifecycle import QUEUED, State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import Remaining
-from mlwe.core.policies.preemption import EVICTABLE, CheapestVictims
+from mlwe.core.policies.preemption import (
+    EVICTABLE,
+    GANG_PENALTY_GPU_S,
+    CheapestVictims,
+    _eligibility,
+    victim_cost,
+)
 from mlwe.core.rules import (
     GAIN_MAX_PREEMPTIONS,
     GAIN_MIN_QUANTUM_S,
+    frees_what_is_needed,
     gain_allowed,
     gain_violations,
     preemptible,
@@ -34,8 +42,10 @@ from tests.core.builders import (
     A100,
     T4,
     cluster,
+    cpu_node,
     gpu_job,
     gpu_node,
+    job,
     ok,
     run_to_running,
     running_on,
@@ -460,3 +470,75 @@ def test_a_victim_policy_is_asked_for_equals_only_if_its_select_takes_them() -> 
 
     with pytest.raises(TypeError, match="a bug inside the search"):
         choose(Broken())  # surfaced, not mistaken for a policy that knows no equals
+
+
+# ------------------------------------------------------------ victim search reads
+def test_a_victim_search_reads_each_holder_as_the_rules_do() -> None:
+    """The victim scan's eligibility test and cost inline the core's rules
+    (preemptible, frees_what_is_needed) and Workload.work_at_risk: they must equal
+    them on holders of every kind (GPU of two models, CPU-only, gangs, checkpoints,
+    protection, minimum runtime and progress) for preemptors of every kind."""
+    rng = random.Random(11)
+    nodes = [gpu_node(f"a{i}", A100) for i in range(4)] + [gpu_node(f"t{i}", T4) for i in range(3)]
+    cp, clock = cluster(*nodes, cpu_node("c0"))
+    specs = []
+    for i in range(60):
+        kw: dict[str, Any] = {"priority": rng.choice([10, 20, 50])}
+        if rng.random() < 0.6:
+            kw["checkpoint_interval"] = rng.choice([300.0, 1800.0, 7.5])
+            kw["checkpoint_cost"] = rng.choice([0.0, 20.0])
+        kw["restart_cost"] = rng.choice([0.0, 60.0])
+        kw["protected"] = rng.random() < 0.1
+        kw["min_runtime"] = rng.choice([0.0, 0.0, 3000.0])
+        kw["min_progress"] = rng.choice([0.0, 0.0, 0.5])
+        if rng.random() < 0.25:  # CPU-only work; some asks memory alone
+            specs.append(job(f"w{i}", cpu=rng.choice([0, 4, 16]), memory="16Gi", **kw))
+        else:
+            specs.append(job(f"w{i}", gpu=rng.choice([1, 1, 2, 4]),
+                             replicas=rng.choice([1, 1, 1, 2]), **kw))
+    submit(cp, *specs)
+    sched = default_scheduler()
+    for _ in range(3):
+        sched.run_cycle(cp)
+        run_to_running(cp, [w.id for w in cp.workloads.values() if w.state is State.ADMITTED])
+        clock.advance(rng.uniform(100, 900))
+    holders = [cp.workloads[w] for w in cp.holder_ids()]
+    assert len(holders) > 20 and any(v.spec.replicas > 1 for v in holders)
+    for v in holders:  # what earlier runs and reports would have left behind
+        v.run_base_work = rng.choice([0.0, 0.0, rng.uniform(10, 500)])
+        v.last_checkpoint_at = rng.choice([None, (v.started_at or 0.0) + rng.uniform(0, 3000)])
+        v.progress = rng.choice([0.0, 0.3, 0.7])
+    preemptors = [
+        job("p-any", gpu=8, priority=100),
+        job("p-a100", gpu=2, models=[A100], priority=30),
+        job("p-vram", gpu=1, min_vram_per_gpu=40_000, priority=100),
+        job("p-cpu", cpu=8, priority=100),
+        job("p-t4", gpu=1, models=[T4], priority=15),
+    ]
+    submit(cp, *preemptors)
+    seen: set[object] = set()
+    for step in range(12):
+        now = clock.now() + step * 211.7
+        for spec in preemptors:
+            p = cp.workloads[spec.id or ""]
+            taken = {holders[step].id}
+            eligible = _eligibility(cp, p, taken, None, False, now)
+            for v in holders:
+                want = (
+                    PreemptReason.PRIORITY
+                    if v.id not in taken
+                    and v.state in EVICTABLE
+                    and v.priority < p.priority
+                    and preemptible(v, now) is None
+                    and frees_what_is_needed(cp.capacity, v, p)
+                    else None
+                )
+                assert eligible(v) is want, (spec.id, v.id, step)
+                seen.add(want)
+                for penalty in (0.0, GANG_PENALTY_GPU_S):
+                    gpus = v.gpus() or v.spec.resources.cpu * v.spec.replicas / 1000 / 8.0
+                    assert victim_cost(v, now, penalty) == (
+                        gpus * (v.work_at_risk(now) + v.spec.restart_cost)
+                        + (penalty if v.spec.replicas > 1 else 0.0)
+                    )
+    assert seen == {PreemptReason.PRIORITY, None}
