@@ -163,7 +163,9 @@ class RuntimeEstimator:
         self._basis: dict[
             str, tuple[int, _Sample | None, int, WorkloadSpec, float | None]
         ] = {}
-        self._keys_of: dict[str, tuple[WorkloadSpec, list[tuple[tuple[str, ...], str]]]] = {}
+        self._keys_of: dict[
+            str, tuple[WorkloadSpec, list[tuple[tuple[str, ...], str]], float | None]
+        ] = {}
         #: one list per distinct set of keys (equal lists are the same object), so
         #: that what :meth:`_best` chose for it can be kept per epoch
         self._key_lists: dict[tuple[tuple[str, ...], ...], list[tuple[tuple[str, ...], str]]] = {}
@@ -184,6 +186,13 @@ class RuntimeEstimator:
         return self.learned - learned_then <= max(8, learned_then // 20)
 
     def keys_for(self, w: Workload) -> list[tuple[tuple[str, ...], str]]:
+        return self._features(w)[1]
+
+    def _features(
+        self, w: Workload
+    ) -> tuple[WorkloadSpec, list[tuple[tuple[str, ...], str]], float | None]:
+        """``w``'s spec, its feature keys and its iterations, kept per workload
+        while its spec is the same object."""
         got = self._keys_of.get(w.id)
         if got is None or got[0] is not w.spec:
             if len(self._keys_of) > 200_000:
@@ -195,8 +204,8 @@ class RuntimeEstimator:
                 if len(self._key_lists) > 200_000:
                     self._key_lists.clear()
                 interned = self._key_lists[sig] = keys
-            got = self._keys_of[w.id] = (w.spec, interned)
-        return got[1]
+            got = self._keys_of[w.id] = (w.spec, interned, _iterations(w.spec))
+        return got
 
     # ------------------------------------------------------------------ features
     @staticmethod
@@ -344,7 +353,8 @@ class RuntimeEstimator:
             or got[3] is not w.spec
             or (got[1] is not None and got[1].stamp != got[2])
         ):
-            total, used = self._basis_of(w.spec, self.keys_for(w))
+            _, keys, it = self._features(w)
+            total, used = self._basis_of(w.spec, keys, it)
             if len(self._basis) > 100_000:
                 self._basis.clear()
             got = self._basis[w.id] = (
@@ -364,13 +374,12 @@ class RuntimeEstimator:
         return rest if rest > 0.0 else 0.0  # max(0.0, rest), without the call
 
     def _basis_of(
-        self, spec: WorkloadSpec, keys: list[tuple[tuple[str, ...], str]]
+        self, spec: WorkloadSpec, keys: list[tuple[tuple[str, ...], str]], it: float | None
     ) -> tuple[float | None, _Sample | None]:
         """What :meth:`_predict` would base its total on, without building the
         estimate: the total (None: no estimate; -1.0: the history's, which depends
         on the attained service) and the sample read (None: none). The same rules
-        in the same order as :meth:`_predict`."""
-        it = _iterations(spec)
+        in the same order as :meth:`_predict` (``it``: the spec's iterations)."""
         if it:
             got = self._best(self._per_iter, keys)
             if got is not None:
