@@ -9,6 +9,7 @@ an engine on a manual clock.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -180,3 +181,23 @@ def tick_until(eng: _Ticks, clock: ManualClock, pred: Callable[[], bool], limit:
         clock.advance(1.0)
         eng.tick()
     raise AssertionError("condition not reached")
+
+
+def random_checkpoints(rng: random.Random, share: float) -> dict[str, Any]:
+    """Spec fields for a holder that checkpoints (with probability ``share``):
+    an interval (one of them very short) and a pause per save."""
+    if rng.random() < share:
+        return {"checkpoint_interval": rng.choice([300.0, 1800.0, 7.5]),
+                "checkpoint_cost": rng.choice([0.0, 20.0])}
+    return {}
+
+
+def random_guards(rng: random.Random) -> dict[str, Any]:
+    """Spec fields that guard a holder against eviction, drawn at random: its restore
+    cost, protection, minimum runtime and minimum progress."""
+    return {
+        "restart_cost": rng.choice([0.0, 60.0]),
+        "protected": rng.random() < 0.1,
+        "min_runtime": rng.choice([0.0, 0.0, 3000.0]),
+        "min_progress": rng.choice([0.0, 0.0, 0.5]),
+    }

@@ -47,6 +47,8 @@ from tests.core.builders import (
     gpu_node,
     job,
     ok,
+    random_checkpoints,
+    random_guards,
     run_to_running,
     running_on,
     submit,
@@ -206,15 +208,10 @@ def test_gain_pool_candidates_are_the_rules_field_for_field() -> None:
     specs = []
     for i in range(48):
         kw: dict[str, Any] = {"priority": rng.choice([50, 50, 60])}
-        if rng.random() < 0.6:
-            kw["checkpoint_interval"] = rng.choice([300.0, 1800.0, 7.5])
-            kw["checkpoint_cost"] = rng.choice([0.0, 20.0])
+        kw |= random_checkpoints(rng, 0.6)
         if rng.random() < 0.5:
             kw["estimated_duration"] = rng.uniform(100, 20_000)
-        kw["restart_cost"] = rng.choice([0.0, 60.0])
-        kw["protected"] = rng.random() < 0.1
-        kw["min_runtime"] = rng.choice([0.0, 0.0, 3000.0])
-        kw["min_progress"] = rng.choice([0.0, 0.0, 0.5])
+        kw |= random_guards(rng)
         specs.append(gpu_job(f"w{i}", gpu=rng.choice([1, 1, 2]), **kw))
     submit(cp, *specs)
     sched = default_scheduler()
@@ -484,13 +481,8 @@ def test_a_victim_search_reads_each_holder_as_the_rules_do() -> None:
     specs = []
     for i in range(60):
         kw: dict[str, Any] = {"priority": rng.choice([10, 20, 50])}
-        if rng.random() < 0.6:
-            kw["checkpoint_interval"] = rng.choice([300.0, 1800.0, 7.5])
-            kw["checkpoint_cost"] = rng.choice([0.0, 20.0])
-        kw["restart_cost"] = rng.choice([0.0, 60.0])
-        kw["protected"] = rng.random() < 0.1
-        kw["min_runtime"] = rng.choice([0.0, 0.0, 3000.0])
-        kw["min_progress"] = rng.choice([0.0, 0.0, 0.5])
+        kw |= random_checkpoints(rng, 0.6)
+        kw |= random_guards(rng)
         if rng.random() < 0.25:  # CPU-only work; some asks memory alone
             specs.append(job(f"w{i}", cpu=rng.choice([0, 4, 16]), memory="16Gi", **kw))
         else:

@@ -32,7 +32,16 @@ from mlwe.core.policies.deadline import INF
 from mlwe.core.policies.preemption import CheapestVictims, candidate_nodes
 from mlwe.core.rules import GAIN_MIN_QUANTUM_S, preemptible
 from mlwe.core.scheduler import SchedulerConfig
-from tests.core.builders import A100, cluster, gpu_job, gpu_node, running_on, submit
+from tests.core.builders import (
+    A100,
+    cluster,
+    gpu_job,
+    gpu_node,
+    random_checkpoints,
+    random_guards,
+    running_on,
+    submit,
+)
 
 PERIOD = 1800.0
 CFG = SchedulerConfig(gain_preemption=True)
@@ -195,14 +204,7 @@ def test_holder_at_is_the_rules_at_that_moment() -> None:
     rng = random.Random(3)
     cp, clock = cluster(*(gpu_node(f"n{i}", gpus=8) for i in range(6)))
     for i in range(24):
-        kw: dict[str, Any] = {}
-        if rng.random() < 0.8:
-            kw["checkpoint_interval"] = rng.choice([300.0, 1800.0, 7.5])
-            kw["checkpoint_cost"] = rng.choice([0.0, 20.0])
-        kw["restart_cost"] = rng.choice([0.0, 60.0])
-        kw["protected"] = rng.random() < 0.1
-        kw["min_runtime"] = rng.choice([0.0, 0.0, 3000.0])
-        kw["min_progress"] = rng.choice([0.0, 0.0, 0.5])
+        kw = random_checkpoints(rng, 0.8) | random_guards(rng)
         running_on(cp, gpu_job(f"w{i}", gpu=rng.choice([1, 2]), **kw), f"n{i % 6}")
         clock.advance(rng.uniform(0, 400))
     holders = [cp.workloads[w] for w in cp.holder_ids()]
