@@ -471,9 +471,10 @@ def test_a_victim_policy_is_asked_for_equals_only_if_its_select_takes_them() -> 
 
 # ------------------------------------------------------------ victim search reads
 def test_a_victim_search_reads_each_holder_as_the_rules_do() -> None:
-    """The victim scan's eligibility test and cost inline the core's rules
-    (preemptible, frees_what_is_needed) and Workload.work_at_risk: they must equal
-    them on holders of every kind (GPU of two models, CPU-only, gangs, checkpoints,
+    """The victim scan's eligibility test (the core's rules, preemptible and
+    frees_what_is_needed, after its own cheap tests) and its cost (work at risk
+    read through :func:`exposure`) must equal the rules and Workload.work_at_risk
+    on holders of every kind (GPU of two models, CPU-only, gangs, checkpoints,
     protection, minimum runtime and progress) for preemptors of every kind."""
     rng = random.Random(11)
     nodes = [gpu_node(f"a{i}", A100) for i in range(4)] + [gpu_node(f"t{i}", T4) for i in range(3)]

@@ -22,6 +22,7 @@ from mlwe.core.policies.preemption import (
     PreemptionPolicy,
     VictimChoice,
     candidate_nodes,
+    exposure,
 )
 from mlwe.core.resources import format_duration
 from mlwe.core.rules import GAIN_MAX_PREEMPTIONS, GAIN_MIN_QUANTUM_S
@@ -273,31 +274,6 @@ def may_outlast(left: float, r_p: float, v: Workload) -> bool:
     :func:`outlasts`'s cost bar against a preemptor expected to run ``r_p`` at some
     moment: just after a checkpoint its cost is only its restore and pause."""
     return left > r_p + v.spec.restart_cost + v.spec.checkpoint_cost
-
-
-def exposure(v: Workload, now: float) -> tuple[float, float]:
-    """Seconds of running holder ``v``'s work at risk at ``now`` (since its last
-    checkpoint, or its start), and seconds to its next checkpoint (0.0 if it
-    takes none): inline, v.work_at_risk(now) and v.next_checkpoint(now) - now
-    (tests/core/test_cycle_costs.py holds them equal)."""
-    started = v.started_at
-    assert started is not None
-    spec = v.spec
-    iv = spec.checkpoint_interval
-    ckpt = v.last_checkpoint_at
-    wait = 0.0
-    if iv:
-        begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
-        period = iv + spec.checkpoint_cost
-        # (max() spelt out as comparisons here: a cycle asks this of thousands)
-        ran = now - begin
-        n = int((ran if ran > 0.0 else 0.0) // period)
-        if n > 0:
-            t = begin + n * period
-            ckpt = t if ckpt is None or t > ckpt else ckpt
-        wait = begin + (n + 1) * period - now
-    risk = now - (ckpt if ckpt is not None else started)
-    return (risk if risk > 0.0 else 0.0), wait
 
 
 def holder_at(v: Workload, t: float, budget: float) -> tuple[float, bool, bool]:

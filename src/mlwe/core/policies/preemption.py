@@ -20,7 +20,7 @@ from mlwe.core.controlplane import ControlPlane
 from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload
 from mlwe.core.resources import format_duration
-from mlwe.core.rules import gain_allowed
+from mlwe.core.rules import frees_what_is_needed, gain_allowed, preemptible
 from mlwe.core.spec import NodeStatus
 
 #: A CPU-only victim's cores are weighed as GPUs at this rate (8 cores ~ 1 GPU).
@@ -59,6 +59,31 @@ class PreemptionPolicy(Protocol):
         ...
 
 
+def exposure(v: Workload, now: float) -> tuple[float, float]:
+    """Seconds of running holder ``v``'s work at risk at ``now`` (since its last
+    checkpoint, or its start), and seconds to its next checkpoint (0.0 if it
+    takes none): inline, v.work_at_risk(now) and v.next_checkpoint(now) - now
+    (tests/core/test_cycle_costs.py holds them equal)."""
+    started = v.started_at
+    assert started is not None
+    spec = v.spec
+    iv = spec.checkpoint_interval
+    ckpt = v.last_checkpoint_at
+    wait = 0.0
+    if iv:
+        begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
+        period = iv + spec.checkpoint_cost
+        # (max() spelt out as comparisons here: a cycle asks this of thousands)
+        ran = now - begin
+        n = int((ran if ran > 0.0 else 0.0) // period)
+        if n > 0:
+            t = begin + n * period
+            ckpt = t if ckpt is None or t > ckpt else ckpt
+        wait = begin + (n + 1) * period - now
+    risk = now - (ckpt if ckpt is not None else started)
+    return (risk if risk > 0.0 else 0.0), wait
+
+
 def victim_cost(v: Workload, now: float, gang_penalty: float) -> float:
     """GPU-seconds lost by evicting ``v`` now: work since its last checkpoint plus
     its restart cost, on all its GPUs, plus a penalty if it is a gang."""
@@ -66,23 +91,8 @@ def victim_cost(v: Workload, now: float, gang_penalty: float) -> float:
     gpus = spec.resources.gpu * spec.replicas / 1000  # v.gpus(), read once
     if gpus == 0:
         gpus = spec.resources.cpu * spec.replicas / 1000 / CORES_PER_GPU_EQUIVALENT
-    # v.work_at_risk(now), inline: a victim search asks this of every holder it
-    # examines (tests/core/test_cycle_costs.py holds them equal)
-    started = v.started_at
-    risk = 0.0
-    if started is not None:
-        ckpt = v.last_checkpoint_at
-        iv = spec.checkpoint_interval
-        if iv:
-            begin = started + (spec.restart_cost if v.run_base_work > 0 else 0.0)
-            ran = now - begin
-            n = int((ran if ran > 0.0 else 0.0) // (iv + spec.checkpoint_cost))
-            if n > 0:
-                at = begin + n * (iv + spec.checkpoint_cost)
-                ckpt = at if ckpt is None or at > ckpt else ckpt
-        risk = now - (ckpt if ckpt is not None else started)
-        if not risk > 0.0:  # max(0.0, risk)
-            risk = 0.0
+    # v.work_at_risk(now): a victim search asks this of every holder it examines
+    risk = exposure(v, now)[0] if v.started_at is not None else 0.0
     return gpus * (risk + spec.restart_cost) + (gang_penalty if spec.replicas > 1 else 0.0)
 
 
@@ -155,25 +165,16 @@ def _eligibility(
     nothing ``p`` can use."""
     qp = cp.queues[p.queue]
     mine = p.priority
-    info = cp.capacity.info
+    capacity = cp.capacity
     evictable = _EVICTABLE
     by_priority = PreemptReason.PRIORITY
-    want = p.spec.resources
-    want_gpu, want_cpu, want_ram = want.gpu, want.cpu, want.memory
-    models = p.spec.gpu_models
-    min_vram = p.spec.min_vram_per_gpu
-    #: node -> whether GPUs there are of a kind ``p`` accepts (asked once per node)
-    accepted: dict[str, bool] = {}
 
     def eligible(v: Workload) -> PreemptReason | None:
-        # runs for every holder of every node a search examines: the cheap tests
-        # first, then the core's rules inline (preemptible() and
-        # frees_what_is_needed(); tests/core/test_cycle_costs.py holds them equal)
+        # runs for every holder of every node a search examines: the cheap tests first
         if v.state not in evictable or v.id in taken:
             return None
-        spec = v.spec
         po = v.priority_override
-        theirs = spec.priority if po is None else po  # v.priority
+        theirs = v.spec.priority if po is None else po  # v.priority
         if theirs < mine:
             why = by_priority
         elif equals is not None and theirs == mine:
@@ -187,34 +188,11 @@ def _eligibility(
             why = PreemptReason.RECLAIM
         else:
             return None
-        # preemptible(v, now) is None
-        if spec.protected:
+        if preemptible(v, now) is not None:
             return None
-        started = v.started_at
-        if started is not None:
-            ran = now - started
-            if (ran if ran > 0.0 else 0.0) < spec.min_runtime:  # v.runtime(now)
-                return None
-        if spec.min_progress > 0 and v.progress < spec.min_progress:
-            return None
-        # frees_what_is_needed(capacity, v, p): e.g. a CPU-only job frees no GPUs
-        for a in v.placement:
-            res = a.res
-            if want_gpu:
-                if res.gpu:
-                    ok = accepted.get(a.node)
-                    if ok is None:
-                        i = info(a.node)
-                        ok = accepted[a.node] = (
-                            i.gpu_model is not None
-                            and (not models or i.gpu_model in models)
-                            and i.vram_per_gpu >= min_vram
-                        )
-                    if ok:
-                        return why
-            elif (want_cpu and res.cpu) or (want_ram and res.ram):
-                return why
-        return None
+        if not frees_what_is_needed(capacity, v, p):
+            return None  # the control plane's rule: e.g. a CPU-only job frees no GPUs
+        return why
 
     return eligible
 
