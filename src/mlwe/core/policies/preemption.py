@@ -380,7 +380,7 @@ class CheapestVictims:
         n = len(nodes)
         start = self._cursor % n
         scanned = 0
-        holders, workloads, status, cost = cp.on_node.get, cp.workloads, f.status, self.cost
+        holders, workloads, status = cp.on_node.get, cp.workloads, f.status
         ready = NodeStatus.READY
         for i in range(n):
             node = nodes[start + i - n]  # from the cursor, wrapping (a negative index first)
@@ -393,9 +393,9 @@ class CheapestVictims:
                     v = workloads[wid]
                     why = eligible(v)
                     if why is not None:
-                        vs.append((cost(v, now), v, why))
+                        vs.append((v, why))
                 if vs:
-                    cand = self._try_node(f, node, shape, vs, i)
+                    cand = self._try_node(f, node, shape, vs, i, now)
                     if cand is not None:
                         found.append(cand)
                         if best is None or cand.key() < best.key():
@@ -416,15 +416,18 @@ class CheapestVictims:
         f: CapacityIndex,
         node: str,
         shape: Shape,
-        vs: list[tuple[float, Workload, PreemptReason]],
+        eligible: list[tuple[Workload, PreemptReason]],
         rank: int,
+        now: float,
     ) -> _Candidate | None:
-        # work with sums first (cheap); check devices and VRAM only when the sums allow
+        # work with sums first (cheap); the victims' costs only when evicting all of
+        # them would free enough (most nodes a long scan passes are short of it);
+        # devices and VRAM only when the sums allow
         g0, _, c0, r0 = f.free_vector(node)
         need_g, need_c, need_r = shape.gpu, shape.cpu, shape.ram
         sizes: dict[str, tuple[int, int, int]] = {}
         tg, tc, tr = g0, c0, r0
-        for _, v, _ in vs:
+        for v, _ in eligible:
             g = c = r = 0
             for a in v.placement:
                 if a.node == node:
@@ -438,6 +441,8 @@ class CheapestVictims:
             tr += r
         if tg < need_g or tc < need_c or tr < need_r:
             return None  # even evicting every eligible victim would not free enough
+        cost = self.cost
+        vs = [(cost(v, now), v, why) for v, why in eligible]
         vs.sort(key=lambda t: (t[0], t[1].priority, t[1].seq))
 
         def mine(items: list[tuple[float, Workload, PreemptReason]]) -> list[ReplicaAlloc]:
