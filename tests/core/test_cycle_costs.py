@@ -535,3 +535,44 @@ def test_a_victim_search_reads_each_holder_as_the_rules_do() -> None:
                         + (penalty if v.spec.replicas > 1 else 0.0)
                     )
     assert seen == {PreemptReason.PRIORITY, None}
+
+
+def test_a_victim_search_prices_only_nodes_that_could_free_enough() -> None:
+    """A victim's cost is computed only on a node where evicting every eligible
+    holder would free what the preemptor asks: a long scan passes many nodes short
+    of it (protected or higher-priority work there), and pricing their holders was
+    most of a slow search's time. The choice is still the cheapest minimal set."""
+    cp, clock = cluster(*(gpu_node(f"a{i}", A100) for i in range(4)))
+    # a0: an eligible 4-GPU job beside a protected one (at most 4 GPUs can be freed)
+    running_on(cp, gpu_job("a0-low", gpu=4, priority=10), "a0")
+    running_on(cp, gpu_job("a0-kept", gpu=4, priority=10, protected=True), "a0")
+    # a1: two eligible 4-GPU jobs; a2: one higher-priority job; a3: eight 1-GPU jobs
+    running_on(cp, gpu_job("a1-x", gpu=4, priority=10), "a1")
+    running_on(cp, gpu_job("a1-y", gpu=4, priority=10), "a1")
+    running_on(cp, gpu_job("a2-top", gpu=8, priority=90), "a2")
+    for k in range(8):
+        running_on(cp, gpu_job(f"a3-{k}", gpu=1, priority=10), "a3")
+    clock.advance(900.0)
+    submit(cp, gpu_job("p", gpu=8, priority=50))
+    p = cp.workloads["p"]
+    priced: list[str] = []
+
+    class Counting(CheapestVictims):
+        def cost(self, v: Workload, now: float) -> float:
+            priced.append(v.id)
+            return super().cost(v, now)
+
+    fork = cp.capacity.fork()
+    got = Counting().select(cp, fork, p, shape_of(p.spec, (A100,)), set())
+    assert got is not None
+    feasible = {"a1-x", "a1-y"} | {f"a3-{k}" for k in range(8)}
+    assert set(priced) == feasible, priced  # a0's eligible job and a2 are never priced
+    # the cheapest node's whole set: two 4-GPU jobs lose less than eight 1-GPU ones
+    # (the same run time each: cost is GPUs x work at risk, plus restarts)
+    costs = {
+        node: sum(victim_cost(cp.workloads[w], clock.now(), GANG_PENALTY_GPU_S) for w in ids)
+        for node, ids in (("a1", ["a1-x", "a1-y"]), ("a3", [f"a3-{k}" for k in range(8)]))
+    }
+    best = min(costs, key=lambda n: costs[n])
+    assert [a.node for a in got.allocs] == [best]
+    assert sorted(v.id for v, _ in got.victims) == sorted(cp.on_node[best])
