@@ -5,6 +5,10 @@
 Replays one input of ``policy_quality.py`` (same trace, cluster and checkpoint
 model) and prints one JSON line:
 
+- cycles by what triggered them (an arrival, a requeue, a release of held
+  resources, the scheduler's own wake time; several when they came together),
+  each with how many decided nothing (``idle``: no action) and the CPU they took:
+  where a cheaper cycle would pay off most;
 - counts, which are deterministic (they depend only on the decisions): cycles,
   turns taken and turns skipped by the early stop, head projections (and how
   many reused the cached one), gain tests, gain searches run, victim searches
@@ -38,8 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from policy_quality import INPUTS
 
-from mlwe.core import controlplane, gain, scheduler
+from mlwe.core import controlplane, gain, reconcile, scheduler
+from mlwe.core.lifecycle import HOLDING, State
 from mlwe.core.policies import preemption
+from mlwe.sim import driver
 from mlwe.sim.checkpoint import parse_checkpoint_model
 from mlwe.sim.replay import ReplayConfig, replay
 
@@ -83,6 +89,37 @@ class Timers:
         return timed
 
 
+def _trigger_counters(
+    patch: Callable[[Any, str, Any], None],
+) -> tuple[set[str], dict[str, Counter[str]]]:
+    """What made the next cycle worth running, as the reconciler reads it from the
+    effects applied (:func:`mlwe.core.reconcile.owed_by`), plus the driver's wake at
+    the scheduler's own moment; and the per-trigger counters the plan fills."""
+    triggers: set[str] = set()
+    owed_by = reconcile.owed_by
+
+    def noting(effects: Any, owed: Any = None) -> Any:
+        effects = list(effects)
+        for _, tr, _, _, _ in effects:
+            if tr.source is None:
+                triggers.add("arrival")
+            elif tr.target in (State.PENDING, State.PREEMPTED):
+                triggers.add("requeue")
+            elif tr.source in HOLDING and tr.target not in HOLDING:
+                triggers.add("release")
+        return owed_by(effects, owed)
+
+    patch(reconcile, "owed_by", noting)
+    wake = driver.Driver._wake
+
+    def woken(self: driver.Driver, arg: Any) -> None:
+        triggers.add("wake")
+        wake(self, arg)
+
+    patch(driver.Driver, "_wake", woken)
+    return triggers, {}
+
+
 def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
     load, _, _ = INPUTS[name]
     trace = load()
@@ -110,6 +147,24 @@ def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
         return p
 
     patch(scheduler.Scheduler, "plan", counted_plan)
+    triggers, by_trigger = _trigger_counters(patch)
+    counting_plan = scheduler.Scheduler.plan
+
+    def triggered_plan(self: scheduler.Scheduler, cp: Any, cause_id: str | None = None) -> Any:
+        key = "+".join(sorted(triggers)) or "other"
+        triggers.clear()
+        t = time.process_time()
+        p = counting_plan(self, cp, cause_id)
+        row = by_trigger.setdefault(key, Counter())
+        took = time.process_time() - t
+        row["cycles"] += 1
+        row["cpu_s"] += took
+        if not p.actions:
+            row["idle"] += 1
+            row["idle_cpu_s"] += took
+        return p
+
+    patch(scheduler.Scheduler, "plan", triggered_plan)
     search = preemption.CheapestVictims._search
 
     def counted_search(self: preemption.CheapestVictims, *args: Any) -> Any:
@@ -148,6 +203,11 @@ def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
         "avg_jct_s": r.metrics["avg_jct_s"],
         "decisions": r.metrics["decisions"],
         "counts": dict(sorted(counts.items())),
+        "cycles_by_trigger": {
+            k: {"cycles": row["cycles"], "idle": row["idle"], "cpu_s": round(row["cpu_s"], 3),
+                "idle_cpu_s": round(row["idle_cpu_s"], 3)}
+            for k, row in sorted(by_trigger.items(), key=lambda x: -x[1]["cpu_s"])
+        },
         "cpu_s_by_phase": {k: round(v, 3) for k, v in sorted(spent.items(), key=lambda x: -x[1])},
         "share_by_phase": {k: round(v / total, 3) for k, v in sorted(spent.items(), key=lambda x: -x[1])},
         "overhead": "timers on every phase call: compare shares and counts, not this CPU figure",
