@@ -43,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policy_quality import INPUTS
 
 from mlwe.core import controlplane, gain, reconcile, scheduler
-from mlwe.core.lifecycle import HOLDING, State
 from mlwe.core.policies import preemption
 from mlwe.sim import driver
 from mlwe.sim.checkpoint import parse_checkpoint_model
@@ -89,27 +88,20 @@ class Timers:
         return timed
 
 
-def _trigger_counters(
-    patch: Callable[[Any, str, Any], None],
-) -> tuple[set[str], dict[str, Counter[str]]]:
-    """What made the next cycle worth running, as the reconciler reads it from the
-    effects applied (:func:`mlwe.core.reconcile.owed_by`), plus the driver's wake at
-    the scheduler's own moment; and the per-trigger counters the plan fills."""
+def _note_triggers(patch: Callable[[Any, str, Any], None]) -> set[str]:
+    """The triggers of the next cycle, as they come: each transition's
+    :func:`mlwe.core.reconcile.cycle_trigger` (the reconciler's own rule) and the
+    driver's wake at the scheduler's own moment ("wake")."""
     triggers: set[str] = set()
-    owed_by = reconcile.owed_by
+    rule = reconcile.cycle_trigger
 
-    def noting(effects: Any, owed: Any = None) -> Any:
-        effects = list(effects)
-        for _, tr, _, _, _ in effects:
-            if tr.source is None:
-                triggers.add("arrival")
-            elif tr.target in (State.PENDING, State.PREEMPTED):
-                triggers.add("requeue")
-            elif tr.source in HOLDING and tr.target not in HOLDING:
-                triggers.add("release")
-        return owed_by(effects, owed)
+    def noting(tr: Any) -> str | None:
+        why = rule(tr)
+        if why is not None:
+            triggers.add(why)
+        return why
 
-    patch(reconcile, "owed_by", noting)
+    patch(reconcile, "cycle_trigger", noting)
     wake = driver.Driver._wake
 
     def woken(self: driver.Driver, arg: Any) -> None:
@@ -117,7 +109,7 @@ def _trigger_counters(
         wake(self, arg)
 
     patch(driver.Driver, "_wake", woken)
-    return triggers, {}
+    return triggers
 
 
 def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
@@ -134,10 +126,21 @@ def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
     for phase, (owner, attr) in PHASES.items():
         patch(owner, attr, timers.wrap(phase, owner.__dict__[attr]))
     plan = scheduler.Scheduler.plan
+    triggers = _note_triggers(patch)
+    by_trigger: dict[str, Counter[str]] = {}
 
     def counted_plan(self: scheduler.Scheduler, cp: Any, cause_id: str | None = None) -> Any:
         cached = self._reservation_cache
+        row = by_trigger.setdefault("+".join(sorted(triggers)) or "other", Counter())
+        triggers.clear()
+        t = time.process_time()
         p = plan(self, cp, cause_id)
+        took = time.process_time() - t
+        row["cycles"] += 1
+        row["cpu_s"] += took
+        if not p.actions:
+            row["idle"] += 1
+            row["idle_cpu_s"] += took
         counts["cycles"] += 1
         counts["turns"] += p.considered
         counts["turns_skipped_by_early_stop"] += p.stopped_early
@@ -147,24 +150,6 @@ def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
         return p
 
     patch(scheduler.Scheduler, "plan", counted_plan)
-    triggers, by_trigger = _trigger_counters(patch)
-    counting_plan = scheduler.Scheduler.plan
-
-    def triggered_plan(self: scheduler.Scheduler, cp: Any, cause_id: str | None = None) -> Any:
-        key = "+".join(sorted(triggers)) or "other"
-        triggers.clear()
-        t = time.process_time()
-        p = counting_plan(self, cp, cause_id)
-        row = by_trigger.setdefault(key, Counter())
-        took = time.process_time() - t
-        row["cycles"] += 1
-        row["cpu_s"] += took
-        if not p.actions:
-            row["idle"] += 1
-            row["idle_cpu_s"] += took
-        return p
-
-    patch(scheduler.Scheduler, "plan", triggered_plan)
     search = preemption.CheapestVictims._search
 
     def counted_search(self: preemption.CheapestVictims, *args: Any) -> Any:

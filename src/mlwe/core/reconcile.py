@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from mlwe.core.actions import Action, Exited, Retry, SetNodeStatus, Start
 from mlwe.core.backend import Command, Event, NodeDown, NodeUp, StartCommand, StopCommand
 from mlwe.core.controlplane import NOT_ITS_FAULT, ApplyResult, Changed, ControlPlane
-from mlwe.core.lifecycle import HOLDING, State
+from mlwe.core.lifecycle import HOLDING, State, Transition
 from mlwe.core.model import Workload
 from mlwe.core.scheduler import Scheduler
 from mlwe.core.spec import NodeStatus
@@ -89,6 +89,19 @@ class Owed:
     cycle: bool = False
 
 
+def cycle_trigger(tr: Transition) -> str | None:
+    """Why transition ``tr`` makes a scheduling cycle worth running: new work
+    ("arrival"), work back in the queue ("requeue") or resources given back
+    ("release"); None: it changes nothing a cycle could use."""
+    if tr.source is None:
+        return "arrival"
+    if tr.target in (State.PENDING, State.PREEMPTED):
+        return "requeue"
+    if tr.source in HOLDING and tr.target not in HOLDING:
+        return "release"
+    return None
+
+
 def owed_by(effects: Iterable[Changed], owed: Owed | None = None) -> Owed:
     """What ``effects`` (transitions, in the order applied) owe, added to ``owed``."""
     out = owed if owed is not None else Owed()
@@ -102,9 +115,7 @@ def owed_by(effects: Iterable[Changed], owed: Owed | None = None) -> Owed:
             out.stops[w.id] = "cancel"
         elif target is State.FAILED and (failures <= w.spec.max_retries or cause in NOT_ITS_FAULT):
             out.retries.append((tr.time, w.id, attempt, failures))
-        if tr.source is None or target in (State.PENDING, State.PREEMPTED) or (
-            tr.source in HOLDING and target not in HOLDING
-        ):
+        if cycle_trigger(tr) is not None:
             out.cycle = True
     return out
 
