@@ -18,7 +18,15 @@ import pytest
 from mlwe.core import ControlPlane, Exited, NodeStatus, Resources
 from mlwe.core.actions import PreemptReason
 from mlwe.core.capacity import CapacityIndex, NodeInfo, Shape
-from mlwe.core.gain import Candidate, GainAsk, GainPool, cost_of, expected_left, gain_choice
+from mlwe.core.gain import (
+    Candidate,
+    GainAsk,
+    GainPool,
+    cost_of,
+    could_gain,
+    expected_left,
+    gain_choice,
+)
 from mlwe.core.lifecycle import QUEUED, State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import Remaining
@@ -27,6 +35,7 @@ from mlwe.core.policies.preemption import (
     GANG_PENALTY_GPU_S,
     CheapestVictims,
     _eligibility,
+    candidate_nodes,
     victim_cost,
 )
 from mlwe.core.rules import (
@@ -576,3 +585,49 @@ def test_a_victim_search_prices_only_nodes_that_could_free_enough() -> None:
     best = min(costs, key=lambda n: costs[n])
     assert [a.node for a in got.allocs] == [best]
     assert sorted(v.id for v, _ in got.victims) == sorted(cp.on_node[best])
+
+
+@pytest.mark.parametrize("checkpoints", [True, False])
+def test_a_gain_test_reads_only_holders_on_nodes_that_could_free_enough(
+    checkpoints: bool,
+) -> None:
+    """A gain test estimates and prices only the equals on nodes where the free GPU
+    and every equal there could make room for the replica: beside higher-priority
+    work, or beside an equal still inside its minimum quantum, no victim helps,
+    now or later. Its answer and wake time are still the full search's (with
+    checkpoints every victim loses too much now: no victims, and a wake time;
+    without, victims at once)."""
+    cfg = SchedulerConfig(gain_preemption=True)
+    cp, clock = cluster(*(gpu_node(f"n{i}", A100) for i in range(4)))
+    long: dict[str, Any] = {"estimated_duration": 500_000.0}
+    if checkpoints:
+        long["checkpoint_interval"] = 1800.0
+    running_on(cp, gpu_job("n0-eq", gpu=4, **long), "n0")
+    running_on(cp, gpu_job("n0-top", gpu=4, priority=90, **long), "n0")
+    for k in range(8):
+        running_on(cp, gpu_job(f"n1-{k}", gpu=1, **long), "n1")
+    running_on(cp, gpu_job("n2-eq", gpu=4, **long), "n2")
+    running_on(cp, gpu_job("n3-eq", gpu=8, **long), "n3")
+    clock.advance(GAIN_MIN_QUANTUM_S + 100.0)
+    running_on(cp, gpu_job("n2-young", gpu=4, **long), "n2")  # inside the quantum
+    submit(cp, gpu_job("p", gpu=8, estimated_duration=600.0))
+    p, now = cp.workloads["p"], clock.now()
+    read: list[str] = []
+
+    def remaining(w: Workload, t: float) -> float | None:
+        read.append(w.id)
+        return w.remaining_estimate(t)
+
+    shape = shape_of(p.spec, (A100,))
+    fork = cp.capacity.fork()
+    pool = GainPool(cfg, remaining, cp, p.priority, now)
+    nodes = frozenset(candidate_nodes(fork, shape))
+    got = could_gain(cfg, remaining, p, shape, fork, nodes, set(), frozenset(), pool, now)
+    held = set(read) - {"p"}
+    assert held and held <= {f"n1-{k}" for k in range(8)} | {"n3-eq"}, held
+    ask = GainAsk(cfg, remaining, CheapestVictims(), cp, cp.capacity.fork(), p, shape, set(),
+                  frozenset(), now)
+    choice, wake = gain_choice(ask)
+    assert got[0] is (choice is not None) is not checkpoints
+    if checkpoints:  # both name the victims' next checkpoint
+        assert got[1] == wake == pytest.approx(now + 1100.0, abs=1e-3)

@@ -76,14 +76,20 @@ class GainPool:
     preemptor, so that a search that cannot find anything is known without
     scanning nodes (:func:`could_gain`).
 
-    Each holder's expected remaining time is computed once per cycle, and the
-    holders are kept longest first: a victim must be expected to run at least
-    ``gain_ratio`` times longer than its preemptor, so a search reads only the
-    holders down to that floor (:meth:`reaching`). The rest of a holder's
-    :class:`Candidate` (its cost, loss, wait, preemptibility and placement) is
-    computed the first time a search reaches it."""
+    The pool knows, per node, the GPU its holders there hold, so a test for a
+    replica asking ``need`` GPU reads only the holders on nodes where evicting
+    every one of them could free enough (:meth:`viable`): a victim elsewhere
+    frees nothing that helps. A holder's expected remaining time is computed the
+    first time something reads it in the cycle, and the rest of its
+    :class:`Candidate` (its cost, loss, wait, preemptibility and placement) the
+    first time a test reaches it. :meth:`reaching` gives them longest first (a
+    victim must be expected to run at least ``gain_ratio`` times longer than its
+    preemptor: what a test reads goes down to that floor)."""
 
-    __slots__ = ("_entries", "_full", "_index", "_now")
+    __slots__ = (
+        "_full", "_helds", "_index", "_left", "_members", "_node_gpu", "_now", "_on_node",
+        "_prior", "_remaining",
+    )
 
     def __init__(
         self,
@@ -94,47 +100,112 @@ class GainPool:
         now: float,
     ) -> None:
         self._now = now
-        prior = cfg.gain_prior_s
+        self._remaining = remaining
+        self._prior = cfg.gain_prior_s
         workloads = cp.workloads
-        entries: list[tuple[float, int, Workload]] = []
-        append = entries.append
+        members: list[Workload] = []
+        node_gpu: dict[str, int] = {}
+        on_node: dict[str, list[int]] = {}
+        helds: list[tuple[tuple[str, int], ...]] = []
+        held_of = _HELD
         evictable = _EVICTABLE_STATES
         # each holder once, in the order of the nodes it holds on (a gang appears on several)
         for wid in cp.holder_ids():
             v = workloads[wid]
             p = v.priority_override
             started = v.started_at
-            spec = v.spec
             if (
-                (spec.priority if p is None else p) != priority
+                (v.spec.priority if p is None else p) != priority
                 or v.state not in evictable
                 or v.preemptions >= GAIN_MAX_PREEMPTIONS
                 or started is None
                 or now - started < GAIN_MIN_QUANTUM_S
             ):
                 continue
-            left = remaining(v, now)
+            i = len(members)
+            members.append(v)
+            got = held_of.get(wid)  # (_held(v), inline: a cycle asks it of every holder)
+            held = got[1] if got is not None and got[0] is v.placement else _held(v)
+            helds.append(held)
+            for node, gpu in held:
+                node_gpu[node] = node_gpu.get(node, 0) + gpu
+                at = on_node.get(node)
+                if at is None:
+                    on_node[node] = [i]
+                elif at[-1] != i:  # (a gang with two replicas on one node: once)
+                    at.append(i)
+        self._members = members
+        self._helds = helds
+        self._node_gpu = node_gpu
+        self._on_node = on_node
+        #: expected remaining time per member, once read (None: not yet; NaN: an
+        #: estimate that is not a number, which passes no victim test: not in the pool)
+        self._left: list[float | None] = [None] * len(members)
+        self._full: list[Candidate | None] = [None] * len(members)
+        self._index: dict[str, int] | None = None
+
+    @property
+    def members(self) -> list[Workload]:
+        """The holders it examines, in the holders' order (what :meth:`viable` indexes)."""
+        return self._members
+
+    def left_of(self, i: int) -> float:
+        """Member ``i``'s expected remaining time (:func:`expected_left`; NaN: not a number)."""
+        left = self._left[i]
+        if left is None:
+            v = self._members[i]
+            now = self._now
+            left = self._remaining(v, now)
             if left is None:  # expected_left's prior
                 done = attained(v, now)
+                prior = self._prior
                 left = prior if prior > done else done  # max(done, prior), without the call
-            if left == left:  # a NaN estimate passes no victim test
-                append((left, len(entries), v))
-        # longest first; equal times keep the holders' order (the sort is stable)
-        entries.sort(key=itemgetter(0), reverse=True)
-        self._entries = entries
-        self._full: list[Candidate | None] = [None] * len(entries)
-        self._index: dict[str, int] | None = None
+            self._left[i] = left
+        return left
+
+    def candidate_of(self, i: int, left: float) -> Candidate:
+        """Member ``i``'s candidate, expected to run ``left`` seconds more (:meth:`left_of`)."""
+        c = self._full[i]
+        if c is None:
+            c = self._full[i] = self._candidate(left, self._members[i], self._helds[i])
+        return c
+
+    def viable(
+        self, need: int, nodes: Container[str], exclude: Container[str], fork: CapacityIndex
+    ) -> list[int]:
+        """The members (by index, in the holders' order) on a ready node of ``nodes``
+        outside ``exclude`` where the free GPU (on ``fork``) and that of every
+        member there reach ``need``: nowhere else can victims make room for a
+        replica asking ``need`` GPU, now or later."""
+        status, free_gpu = fork.status, fork.free_gpu
+        ready = NodeStatus.READY
+        on_node = self._on_node
+        picked: list[int] = []
+        many = False
+        for node, gpu in self._node_gpu.items():
+            if (
+                node in nodes
+                and node not in exclude
+                and free_gpu(node) + gpu >= need
+                and status(node) is ready
+            ):
+                if picked:
+                    many = True
+                picked += on_node[node]
+        if many:  # (a gang may hold on several of them: each member once, in order)
+            picked = sorted(set(picked))
+        return picked
 
     def reaching(self, floor: float) -> Iterator[Candidate]:
         """The candidates expected to run at least ``floor`` seconds more, longest first."""
-        full = self._full
-        for i, (left, _, v) in enumerate(self._entries):
+        left_of = self.left_of
+        entries = [(x, i) for i in range(len(self._members)) if (x := left_of(i)) == x]
+        # longest first; equal times keep the holders' order (the sort is stable)
+        entries.sort(key=itemgetter(0), reverse=True)
+        for left, i in entries:
             if left < floor:
                 return
-            c = full[i]
-            if c is None:
-                c = full[i] = self._candidate(left, v)
-            yield c
+            yield self.candidate_of(i, left)
 
     def get(self, wid: str) -> Candidate | None:
         """Holder ``wid``'s candidate (None: the pool does not hold it: another
@@ -142,28 +213,25 @@ class GainPool:
         preemptions, or an estimate that is not a number)."""
         index = self._index
         if index is None:
-            index = self._index = {v.id: i for i, (_, _, v) in enumerate(self._entries)}
+            index = self._index = {v.id: i for i, v in enumerate(self._members)}
         i = index.get(wid)
         if i is None:
             return None
-        c = self._full[i]
-        if c is None:
-            left, _, v = self._entries[i]
-            c = self._full[i] = self._candidate(left, v)
-        return c
+        left = self.left_of(i)
+        return self.candidate_of(i, left) if left == left else None
 
     def all(self) -> list[Candidate]:
         """Every candidate, in the holders' order."""
-        full = self._full
-        out: list[tuple[int, Candidate]] = []
-        for i, (left, k, v) in enumerate(self._entries):
-            c = full[i]
-            if c is None:
-                c = full[i] = self._candidate(left, v)
-            out.append((k, c))
-        return [c for _, c in sorted(out, key=itemgetter(0))]
+        out = []
+        for i in range(len(self._members)):
+            left = self.left_of(i)
+            if left == left:
+                out.append(self.candidate_of(i, left))
+        return out
 
-    def _candidate(self, left: float, v: Workload) -> Candidate:
+    def _candidate(
+        self, left: float, v: Workload, held: tuple[tuple[str, int], ...]
+    ) -> Candidate:
         """The rest of ``v``'s candidate: inline, v.work_at_risk(now), cost_of(v, now)
         and preemptible(v, now) (tests/core/test_cycle_costs.py holds them equal)."""
         now = self._now
@@ -184,7 +252,7 @@ class GainPool:
                 or max(0.0, now - started) < spec.min_runtime
                 or (spec.min_progress > 0 and v.progress < spec.min_progress)
             ),
-            _held(v),
+            held,
             v,
         )
 
@@ -226,6 +294,9 @@ def could_gain(
     taken, on a ready node of ``nodes`` outside ``exclude``): a victim must pass
     :func:`gain_choice`'s test for ``w``, and some node must then have the GPU the
     replica asks for (free on ``fork`` plus what the passing victims hold there).
+    Only the candidates on nodes where that could ever be are read
+    (:meth:`GainPool.viable`); what holders elsewhere would free never helps,
+    and :func:`joint_wake` leaves their nodes out as well.
     False means the search finds nothing, and the wake time is the one it would
     report (both checked against the search in tests/sim/test_mlwe_policy.py).
     True is answered at the first node where passing victims free enough (the
@@ -243,11 +314,15 @@ def could_gain(
     ready = NodeStatus.READY
     freed: dict[str, int] = {}
     later: list[tuple[Workload, float, float, tuple[tuple[str, int], ...]]] = []
-    for c in pool.reaching(floor):  # below the floor no candidate passes the test
-        left = c.left
-        if c.id in taken:
+    left_of, candidate_of, members = pool.left_of, pool.candidate_of, pool.members
+    for i in pool.viable(need, nodes, exclude, fork):
+        if members[i].id in taken:
             continue
-        if not (left >= floor and left > r_p + c.cost):
+        left = left_of(i)
+        if not left >= floor:  # below the floor no candidate passes the test (nor NaN)
+            continue
+        c = candidate_of(i, left)
+        if not left > r_p + c.cost:
             if not drain and may_outlast(left, r_p, c.v):
                 later.append((c.v, left, c.wait, c.held))  # passes once its cost is lower
             continue  # the test first: it turns most candidates away, and costs nothing
@@ -325,17 +400,14 @@ def joint_wake(
     to one checkpoint period after the last of the latter: with one period on a
     node the pattern then repeats; with several, the node is looked at again
     after the longest (its moment is then a lower bound). No moment from ``cap`` on is
-    looked for: the answer is then ``cap`` (a wake the caller already has).
+    looked for: the answer is then ``cap`` (a wake the caller already has), as
+    it is when no holder on a node where all of them could free ``need``
+    checkpoints before ``cap`` (holders on other nodes do not count: whatever
+    they do, their nodes never fit the replica).
 
     A scheduler that woke at every victim's next checkpoint instead (the first
     moment one of them turns cheap) ran a cycle that found nothing at most of
     them: a waiting 8-GPU job needs every holder on a node cheap at once."""
-    first = cap  # no holder turns cheap before the first of their next checkpoints
-    for _, _, wait, _ in later:
-        if wait > 0.0 and now + wait + 1e-6 < first:
-            first = now + wait + 1e-6
-    if first >= cap:
-        return cap
     status, free_gpu = fork.status, fork.free_gpu
     ready = NodeStatus.READY
     per_node: dict[str, list[tuple[Workload, float, float, int]]] = {}
@@ -346,11 +418,22 @@ def joint_wake(
                 if vs is None:
                     vs = per_node[node] = []
                 vs.append((v, left, wait, gpu))
-    wake = cap
+    # only nodes where the free GPU and all of these holders' reach ``need`` can
+    # ever do; no holder there turns cheap before the first of their next checkpoints
+    viable: list[tuple[str, list[tuple[Workload, float, float, int]], int]] = []
+    first = cap
     for vs_node, vs in per_node.items():
         free = free_gpu(vs_node)
         if free + sum(x[3] for x in vs) < need:
             continue
+        viable.append((vs_node, vs, free))
+        for _, _, wait, _ in vs:
+            if wait > 0.0 and now + wait + 1e-6 < first:
+                first = now + wait + 1e-6
+    if first >= cap:
+        return cap
+    wake = cap
+    for _, vs, free in viable:
         times: list[float] = []
         cycles: list[tuple[float, float]] = []  # (next checkpoint moment, period)
         until = now  # the last moment a holder there turns evictable (minimum runtime)
