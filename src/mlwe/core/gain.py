@@ -82,9 +82,9 @@ class GainPool:
     frees nothing that helps. A holder's expected remaining time is computed the
     first time something reads it in the cycle, and the rest of its
     :class:`Candidate` (its cost, loss, wait, preemptibility and placement) the
-    first time a test reaches it. :meth:`reaching` gives them longest first (a
-    victim must be expected to run at least ``gain_ratio`` times longer than its
-    preemptor: what a test reads goes down to that floor)."""
+    first time a test reaches it. :meth:`reaching` gives them longest first,
+    down to a floor (a victim must be expected to run at least ``gain_ratio``
+    times longer than its preemptor), for a reader that wants them in that order."""
 
     __slots__ = (
         "_full", "_helds", "_index", "_left", "_members", "_node_gpu", "_now", "_on_node",
@@ -107,7 +107,6 @@ class GainPool:
         node_gpu: dict[str, int] = {}
         on_node: dict[str, list[int]] = {}
         helds: list[tuple[tuple[str, int], ...]] = []
-        held_of = _HELD
         evictable = _EVICTABLE_STATES
         # each holder once, in the order of the nodes it holds on (a gang appears on several)
         for wid in cp.holder_ids():
@@ -124,8 +123,7 @@ class GainPool:
                 continue
             i = len(members)
             members.append(v)
-            got = held_of.get(wid)  # (_held(v), inline: a cycle asks it of every holder)
-            held = got[1] if got is not None and got[0] is v.placement else _held(v)
+            held = _held(v)
             helds.append(held)
             for node, gpu in held:
                 node_gpu[node] = node_gpu.get(node, 0) + gpu
@@ -153,14 +151,9 @@ class GainPool:
         """Member ``i``'s expected remaining time (:func:`expected_left`; NaN: not a number)."""
         left = self._left[i]
         if left is None:
-            v = self._members[i]
-            now = self._now
-            left = self._remaining(v, now)
-            if left is None:  # expected_left's prior
-                done = attained(v, now)
-                prior = self._prior
-                left = prior if prior > done else done  # max(done, prior), without the call
-            self._left[i] = left
+            left = self._left[i] = expected_left(
+                self._remaining, self._members[i], self._now, self._prior
+            )
         return left
 
     def candidate_of(self, i: int, left: float) -> Candidate:
