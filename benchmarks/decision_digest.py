@@ -5,10 +5,13 @@
 Replays each case with every decision record kept and prints one JSON line:
 the case, how many records, the first 16 hex digits of a SHA-256 over all of
 them (kind, workload, policy, choice, reasons, candidates, input digest, extra),
-and the average JCT. Run it on two commits (e.g. a ``git worktree`` of the base
+the same over the records that act (every kind but "unschedulable", which only
+says why a workload waits), and the average JCT. Run it on two commits (e.g. a ``git worktree`` of the base
 with ``PYTHONPATH=<worktree>/src``): equal lines mean the same decisions, word
 for word, in the same order. A change meant to be only faster must leave every
-line equal; a policy change says in its message which lines move.
+line equal, or, where it refreshes fewer wait reasons (a turn passed over keeps
+the reason it carries), every acting digest; a policy change says in its
+message which lines move.
 
 Cases (all by default):
   philly-800-mlwe      philly --limit 800 on nodes:8x8, mlwe
@@ -44,14 +47,21 @@ def digest_case(name: str) -> dict[str, Any]:
     """Replay case ``name`` keeping every decision; its record count and digest."""
     trace_name, kw, policy = CASES[name]
     result = replay(load_trace(trace_name, **kw), ReplayConfig(policy=policy, keep_decisions=10**7))
-    h = hashlib.sha256()
+    h, acts = hashlib.sha256(), hashlib.sha256()
+    n_acts = 0
     for d in result.decisions:
-        h.update(repr((d.kind, d.workload, d.policy, d.chosen, d.reasons, d.candidates,
-                       d.inputs_digest, sorted(d.extra.items()))).encode())
+        text = repr((d.kind, d.workload, d.policy, d.chosen, d.reasons, d.candidates,
+                     d.inputs_digest, sorted(d.extra.items()))).encode()
+        h.update(text)
+        if d.kind != "unschedulable":
+            acts.update(text)
+            n_acts += 1
     return {
         "case": name,
         "records": len(result.decisions),
         "sha256_16": h.hexdigest()[:16],
+        "acting_records": n_acts,
+        "acting_sha256_16": acts.hexdigest()[:16],
         "avg_jct_s": result.metrics["avg_jct_s"],
     }
 

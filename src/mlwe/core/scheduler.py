@@ -269,10 +269,12 @@ class Scheduler:
             cycle = self._snapshot(cp, plan, queued, cause_id)
             if self._drains:
                 self._run_drains(cycle)
-            # 3. turns
-            for rank, w in enumerate(cycle.order):
-                if self._turn(cycle, rank, w):
+            # 3. turns (past those that cannot start, once nothing but a fit can)
+            order, rank, n = cycle.order, 0, len(cycle.order)
+            while rank < n:
+                if self._turn(cycle, rank, order[rank]):
                     break
+                rank = self._next_turn(cycle, rank + 1)
         finally:
             self._left = None
         # 4. result
@@ -472,6 +474,56 @@ class Scheduler:
             cycle.least_need = need
         return need[rank]
 
+    def _next_turn(self, cycle: Cycle, rank: int) -> int:
+        """Phase 3d: the next rank from ``rank`` on worth a turn. Once only a fit could
+        start anything (:meth:`_nothing_more_can_start`'s conditions but the last:
+        stopping is allowed, no gain search is left, a head is blocked, neither
+        strict order nor drain plans), a turn whose replica asks for more whole
+        GPUs than any ready node has free (or any GPU, when none is free) fits
+        nowhere, and would only write why it waits: those are passed over, as the
+        early stop passes over the rest (:meth:`_unexamined`), and so are their
+        failed fits and victim searches, which leave nothing later turns read but
+        caches of answers they would compute the same. A workload with victims
+        always takes its turn (it may hold the room they free)."""
+        cfg = self.config
+        if (
+            not cycle.can_stop
+            or cycle.head is None
+            or (cycle.gain_on and cycle.gain_searches < cfg.max_gain_searches)
+            or cfg.strict_order
+            or cfg.gain_drain
+            or rank >= len(cycle.order)
+        ):
+            return rank
+        fork = cycle.fork
+        full = not fork.has_free_gpu()
+        most = -1 if full else fork.most_whole_free_gpus()
+        order = cycle.order
+        nxt, n = rank, len(order)
+        while nxt < n:
+            w = order[nxt]
+            if w.victims or w.spec.resources.gpu // FULL <= most:  # (as _least_need counts)
+                break
+            self._unexamined(cycle, w, full)
+            nxt += 1
+        cycle.plan.stopped_early += nxt - rank
+        return nxt
+
+    def _unexamined(self, cycle: Cycle, w: Workload, full: bool) -> None:
+        """Why ``w``, passed over without a turn, waits: the reason it already
+        carries, else no free GPU (``full``), no accepted model, or no room."""
+        if w.pending_reason:
+            return
+        plan = cycle.plan
+        if full:
+            plan.pending[w.id] = "no room: no free GPU in the cluster"
+            return
+        models, shape = self.shape_for(cycle.cp, w)
+        if w.spec.resources.gpu and not models:
+            plan.pending[w.id] = "no node in the cluster has a GPU model it accepts"
+        else:  # GPUs are free, but no node has as many as it asks for
+            plan.pending[w.id] = why_waiting(w, shape, models, frozenset(), None)
+
     def _stop_early(self, cycle: Cycle, turn: Turn) -> None:
         """Phase 3d: this workload waits for room; so do the rest (no GPU is free,
         or no node has as many whole GPUs free as they ask for: a reason saying
@@ -482,13 +534,8 @@ class Scheduler:
         )
         full = not cycle.fork.has_free_gpu()
         for rest in cycle.order[turn.rank + 1 :]:
-            if not rest.pending_reason:
-                if full:
-                    plan.pending[rest.id] = "no room: no free GPU in the cluster"
-                else:  # GPUs are free, but no node has as many as it asks for
-                    models, shape = self.shape_for(cycle.cp, rest)
-                    plan.pending[rest.id] = why_waiting(rest, shape, models, frozenset(), None)
-        plan.stopped_early = len(cycle.order) - turn.rank - 1
+            self._unexamined(cycle, rest, full)
+        plan.stopped_early += len(cycle.order) - turn.rank - 1
 
     def _preempt_by_priority(self, cycle: Cycle, turn: Turn) -> bool:
         """Phase 3e: evict lower-priority (or quota-borrowing) work for ``w``; True if
