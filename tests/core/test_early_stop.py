@@ -18,6 +18,7 @@ from mlwe.core.actions import Preempt, PreemptReason
 from mlwe.core.cycle import Plan
 from mlwe.core.lifecycle import State
 from mlwe.core.policies.ordering import ArrivalOrder
+from mlwe.core.policies.preemption import CheapestVictims
 from mlwe.core.scheduler import Scheduler
 from tests.core.builders import apply_all, cluster, gpu_job, gpu_node, ok, running_on, submit
 
@@ -38,7 +39,7 @@ def _two_free_per_node() -> ControlPlane:
 def _full_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     """Turn the free-GPU rules off: no later workload seems too large for any node,
     and none is passed over."""
-    monkeypatch.setattr(Scheduler, "_least_need", lambda self, cycle, rank: 0)
+    monkeypatch.setattr(Scheduler, "_first_turn", lambda self, cycle, rank, most: rank)
     monkeypatch.setattr(Scheduler, "_next_turn", lambda self, cycle, rank: rank)
 
 
@@ -108,3 +109,44 @@ def test_a_preemptor_waiting_for_its_victims_is_never_passed_over() -> None:
     # (n1 is reserved for big0, the blocked head: small has nowhere to go)
     assert _actions(plan) == [] and plan.pending["small"].startswith("no room")
     assert plan.considered == 3 and plan.stopped_early == 0
+
+
+def test_a_fractional_ask_keeps_the_cycle_going() -> None:
+    """A replica asking for part of a GPU may fit on a partly used one: no stop past
+    it, and no pass-over of it (big1 and big2 are passed over)."""
+    cp = _two_free_per_node()
+    submit(cp, *(gpu_job(f"big{i}", gpu=4) for i in range(3)))
+    submit(cp, gpu_job("part", gpu=0.5))  # type: ignore[arg-type]
+    plan = _scheduler().plan(cp)
+    assert ("place", "part") in _actions(plan)
+    assert plan.considered == 2 and plan.stopped_early == 2
+
+
+def test_no_stop_while_someone_may_preempt_by_priority() -> None:
+    """A waiting workload above the lowest holder may evict it: every turn is taken."""
+    cp = _two_free_per_node()
+    submit(cp, gpu_job("big", gpu=4), gpu_job("urgent", gpu=4, priority=90))
+    plan = _scheduler().plan(cp)
+    assert plan.stopped_early == 0
+    assert any(a.kind == "preempt" for a in plan.actions)
+
+
+def test_no_victim_search_where_nobody_may_preempt_by_priority() -> None:
+    """Where the cycle may stop early (nobody waiting ranks above the lowest holder,
+    no cohort) a search for lower-priority victims cannot find any: none is run."""
+    asked: list[str] = []
+
+    class Spy(CheapestVictims):
+        def select(self, cp, fork, p, shape, taken, exclude=(), equals=None):  # type: ignore[no-untyped-def]
+            asked.append(p.id)
+            return super().select(cp, fork, p, shape, taken, exclude, equals)
+
+    cp = _two_free_per_node()
+    submit(cp, gpu_job("big", gpu=4), gpu_job("small", gpu=2))
+    plan = Scheduler(ordering=ArrivalOrder(), preemption=Spy(), name="test").plan(cp)
+    assert _actions(plan) == [("place", "small")]
+    assert asked == []
+    # one who ranks above a holder is searched for
+    submit(cp, gpu_job("urgent", gpu=4, priority=90))
+    Scheduler(ordering=ArrivalOrder(), preemption=Spy(), name="test").plan(cp)
+    assert "urgent" in asked

@@ -116,9 +116,9 @@ class Cycle:
     projected: bool = False
     #: whether something was placed ahead of the head (its cached reservation is stale)
     dirty: bool = False
-    #: per rank, the fewest whole GPUs a replica of any workload from that rank on
-    #: asks for (0 for a fractional ask); computed the first time a turn asks
-    least_need: list[int] | None = None
+    #: the last answer of Scheduler._first_turn: (from rank, most whole GPUs free
+    #: on a node, the first rank that could fit or has victims)
+    first_turn: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)

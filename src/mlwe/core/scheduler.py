@@ -447,32 +447,34 @@ class Scheduler:
         stopping is allowed (see :func:`can_stop_early`: nobody may preempt by
         priority), no gain search is left, and no GPU is free, or no ready node
         has as many whole GPUs free as any later workload asks for one replica
-        (none of them fits anywhere: each turn would only write why it waits)."""
+        (none of them fits anywhere: each turn would only write why it waits)
+        and none waits for victims (see :meth:`_first_turn`)."""
         cfg = self.config
         if not cycle.can_stop or (cycle.gain_on and cycle.gain_searches < cfg.max_gain_searches):
             return False
         fork = cycle.fork
-        return not fork.has_free_gpu() or self._least_need(cycle, rank + 1) > (
-            fork.most_whole_free_gpus()
-        )
+        if not fork.has_free_gpu():
+            return True
+        return self._first_turn(cycle, rank + 1, fork.most_whole_free_gpus()) >= len(cycle.order)
 
-    def _least_need(self, cycle: Cycle, rank: int) -> int:
-        """The fewest whole GPUs one replica of any workload from ``rank`` on asks
-        for (0 if one asks for a fraction of a GPU: it may fit on a partly used one;
-        past the end, more than any node has). Suffix minima over the cycle's
-        order, computed once per cycle, the first time a turn asks."""
-        need = cycle.least_need
-        if need is None:
-            order = cycle.order
-            least = 1 << 30
-            need = [least] * (len(order) + 1)
-            for i in range(len(order) - 1, -1, -1):
-                g = order[i].spec.resources.gpu // FULL  # its shape's GPU (shape_of)
-                if g < least:
-                    least = g
-                need[i] = least
-            cycle.least_need = need
-        return need[rank]
+    def _first_turn(self, cycle: Cycle, rank: int, most: int) -> int:
+        """The first rank from ``rank`` on whose replica asks for at most ``most``
+        whole GPUs (its shape's GPU: 0 for a fraction of one, which may fit on a
+        partly used GPU) or that has victims (it may hold the room they free);
+        the order's length if none. The cycle keeps the last answer: a turn's
+        stop test and the pass-over after it ask the same."""
+        kept = cycle.first_turn
+        if kept is not None and kept[0] == rank and kept[1] == most:
+            return kept[2]
+        order = cycle.order
+        r, n = rank, len(order)
+        while r < n:
+            w = order[r]
+            if w.victims or w.spec.resources.gpu // FULL <= most:
+                break
+            r += 1
+        cycle.first_turn = (rank, most, r)
+        return r
 
     def _next_turn(self, cycle: Cycle, rank: int) -> int:
         """Phase 3d: the next rank from ``rank`` on worth a turn. Once only a fit could
@@ -497,16 +499,11 @@ class Scheduler:
             return rank
         fork = cycle.fork
         full = not fork.has_free_gpu()
-        most = -1 if full else fork.most_whole_free_gpus()
-        order = cycle.order
-        nxt, n = rank, len(order)
-        while nxt < n:
-            w = order[nxt]
-            if w.victims or w.spec.resources.gpu // FULL <= most:  # (as _least_need counts)
-                break
-            self._unexamined(cycle, w, full)
-            nxt += 1
-        cycle.plan.stopped_early += nxt - rank
+        nxt = self._first_turn(cycle, rank, -1 if full else fork.most_whole_free_gpus())
+        if nxt > rank:
+            for w in cycle.order[rank:nxt]:
+                self._unexamined(cycle, w, full)
+            cycle.plan.stopped_early += nxt - rank
         return nxt
 
     def _unexamined(self, cycle: Cycle, w: Workload, full: bool) -> None:
@@ -543,11 +540,12 @@ class Scheduler:
         shape and bounded per cycle; a set the quota forbids is dropped unless it
         reclaims lent quota."""
         cfg = self.config
+        if not cfg.preemption or cycle.can_stop:
+            return False  # (can_stop: nobody waiting ranks above the lowest holder, no cohort)
         w, shape = turn.w, turn.shape
         pkey = (shape, turn.replicas, w.priority, w.queue, bool(turn.exclude))
         if (
-            not cfg.preemption
-            or pkey in cycle.no_victims
+            pkey in cycle.no_victims
             or cycle.failed_searches >= cfg.max_failed_preemption_searches
         ):
             return False
