@@ -10,7 +10,8 @@ model) and prints one JSON line:
   each with how many decided nothing (``idle``: no action) and the CPU they took:
   where a cheaper cycle would pay off most;
 - counts, which are deterministic (they depend only on the decisions): cycles,
-  turns taken and turns skipped by the early stop, head projections (and how
+  turns taken and turns skipped (by the early stop, or passed over as unable
+  to fit once only a fit could start anything), head projections (and how
   many reused the cached one), gain tests, gain searches run, victim searches
   and the nodes they examined, decisions by kind;
 - CPU seconds by phase, each exclusive of the phases it calls: ordering the

@@ -249,7 +249,9 @@ class Scheduler:
            their nodes (:meth:`_run_drains`; only with ``gain_drain``);
         3. each workload in order takes its turn (:meth:`_turn`): wait for its
            victims, fit (or backfill), preempt by priority, preempt for gain, or
-           record why it waits; a turn may end the cycle;
+           record why it waits; a turn may end the cycle, and once only a fit
+           could start anything, the turns that cannot fit are passed over
+           (:meth:`_next_turn`);
         4. hand back the head's reservation with the plan.
         """
         # 1. prepare
