@@ -6,12 +6,12 @@ Replays each case with every decision record kept and prints one JSON line:
 the case, how many records, the first 16 hex digits of a SHA-256 over all of
 them (kind, workload, policy, choice, reasons, candidates, input digest, extra),
 the same over the records that act (every kind but "unschedulable", which only
-says why a workload waits), and the average JCT. Run it on two commits (e.g. a ``git worktree`` of the base
-with ``PYTHONPATH=<worktree>/src``): equal lines mean the same decisions, word
-for word, in the same order. A change meant to be only faster must leave every
-line equal, or, where it refreshes fewer wait reasons (a turn passed over keeps
-the reason it carries), every acting digest; a policy change says in its
-message which lines move.
+says why a workload waits), and the average JCT. Run it on two commits (e.g. a
+``git worktree`` of the base with ``PYTHONPATH=<worktree>/src``): equal lines
+mean the same decisions, word for word, in the same order. A change meant to be
+only faster must leave every line equal, or, where it refreshes fewer wait
+reasons (a turn passed over keeps the reason it carries), every acting digest;
+a policy change says in its message which lines move.
 
 Cases (all by default):
   philly-800-mlwe      philly --limit 800 on nodes:8x8, mlwe

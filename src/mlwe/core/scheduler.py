@@ -451,13 +451,18 @@ class Scheduler:
         has as many whole GPUs free as any later workload asks for one replica
         (none of them fits anywhere: each turn would only write why it waits)
         and none waits for victims (see :meth:`_first_turn`)."""
-        cfg = self.config
-        if not cycle.can_stop or (cycle.gain_on and cycle.gain_searches < cfg.max_gain_searches):
+        if not self._only_a_fit_can_start(cycle):
             return False
-        fork = cycle.fork
-        if not fork.has_free_gpu():
-            return True
-        return self._first_turn(cycle, rank + 1, fork.most_whole_free_gpus()) >= len(cycle.order)
+        most = _most_free(cycle.fork)
+        return most < 0 or self._first_turn(cycle, rank + 1, most) >= len(cycle.order)
+
+    def _only_a_fit_can_start(self, cycle: Cycle) -> bool:
+        """Whether stopping is allowed (see :func:`can_stop_early`: nobody may preempt
+        by priority) and no gain search is left in this cycle: a later turn can then
+        start something only by fitting."""
+        return cycle.can_stop and not (
+            cycle.gain_on and cycle.gain_searches < self.config.max_gain_searches
+        )
 
     def _first_turn(self, cycle: Cycle, rank: int, most: int) -> int:
         """The first rank from ``rank`` on whose replica asks for at most ``most``
@@ -491,20 +496,18 @@ class Scheduler:
         always takes its turn (it may hold the room they free)."""
         cfg = self.config
         if (
-            not cycle.can_stop
+            rank >= len(cycle.order)
             or cycle.head is None
-            or (cycle.gain_on and cycle.gain_searches < cfg.max_gain_searches)
             or cfg.strict_order
             or cfg.gain_drain
-            or rank >= len(cycle.order)
+            or not self._only_a_fit_can_start(cycle)
         ):
             return rank
-        fork = cycle.fork
-        full = not fork.has_free_gpu()
-        nxt = self._first_turn(cycle, rank, -1 if full else fork.most_whole_free_gpus())
+        most = _most_free(cycle.fork)
+        nxt = self._first_turn(cycle, rank, most)
         if nxt > rank:
             for w in cycle.order[rank:nxt]:
-                self._unexamined(cycle, w, full)
+                self._unexamined(cycle, w, most < 0)
             cycle.plan.stopped_early += nxt - rank
         return nxt
 
@@ -963,6 +966,12 @@ class Scheduler:
         return result
 
 
+
+
+def _most_free(fork: CapacityIndex) -> int:
+    """The most whole GPUs free on one ready node of ``fork``; -1 when no GPU is free,
+    whole or in part (then nothing that asks for GPUs fits)."""
+    return fork.most_whole_free_gpus() if fork.has_free_gpu() else -1
 
 
 def default_scheduler(name: str = "mlwe-default") -> Scheduler:
