@@ -5,6 +5,7 @@ run times (learned, or the user's), against what the eviction costs.
 
 from __future__ import annotations
 
+import heapq
 import inspect
 from collections.abc import Callable, Container, Iterator, Sequence
 from functools import lru_cache
@@ -69,12 +70,136 @@ class Candidate(NamedTuple):
     v: Workload
 
 
+class Holders:
+    """The holders of one priority that gain searches examine at all (holding
+    resources, running or starting, under the bound on preemptions, past the
+    minimum quantum), with the GPU they hold per node: kept across cycles and
+    brought up to date from the control plane's journal of changed workloads
+    (:meth:`ControlPlane.changed_since`) and the clock, instead of read anew from
+    every holder at every cycle. Those still under the minimum quantum wait,
+    ordered by the moment they pass it.
+
+    Everything it keeps about a holder moves only with a change the journal
+    names (a transition, a placement, a priority, a preemption) or with the
+    clock (the quantum), so it is what a reading of every holder at that moment
+    would give (tests/core/test_kept_holders.py holds them equal)."""
+
+    __slots__ = ("_pos", "_ripening", "_young", "cp", "mark", "members", "node_gpu", "now",
+                 "on_node", "priority")
+
+    def __init__(self, cp: ControlPlane, priority: int, now: float) -> None:
+        self.cp = cp
+        self.priority = priority
+        self.now = now
+        self.mark = cp.journal_mark()
+        #: id -> (holder, (node, GPU in thousandths) per replica)
+        self.members: dict[str, tuple[Workload, tuple[tuple[str, int], ...]]] = {}
+        #: node -> the GPU its members hold there, and who they are (each once)
+        self.node_gpu: dict[str, int] = {}
+        self.on_node: dict[str, dict[str, None]] = {}
+        #: holders that pass but for the minimum quantum, and when each passes it
+        self._young: dict[str, tuple[Workload, tuple[tuple[str, int], ...]]] = {}
+        self._ripening: list[tuple[float, str, float]] = []
+        self._pos: tuple[tuple[str, ...], dict[str, int]] | None = None
+        workloads = cp.workloads
+        for wid in cp.holder_ids():
+            self._admit(workloads[wid], now)
+
+    def refresh(self, cp: ControlPlane, now: float) -> bool:
+        """Bring it up to ``now`` on ``cp``; False when it cannot be (another control
+        plane, an earlier moment, or a journal that cannot tell what changed): a
+        new one must be read."""
+        if cp is not self.cp or now < self.now:
+            return False
+        changed = cp.changed_since(self.mark)
+        if changed is None:
+            return False
+        self.mark = cp.journal_mark()
+        self.now = now
+        if changed:
+            workloads = cp.workloads
+            drop, admit = self._drop, self._admit
+            for wid in dict.fromkeys(changed):
+                drop(wid)
+                v = workloads.get(wid)
+                if v is not None and v.placement:
+                    admit(v, now)
+        heap = self._ripening
+        if heap and heap[0][0] <= now + 1e-6:
+            later = []
+            while heap and heap[0][0] <= now + 1e-6:
+                entry = heapq.heappop(heap)
+                _, wid, started = entry
+                got = self._young.get(wid)
+                if got is None or got[0].started_at != started:
+                    continue  # no longer young, or young again since (another entry)
+                if now - started < GAIN_MIN_QUANTUM_S:  # (the test as _admit spells it)
+                    later.append(entry)
+                    continue
+                del self._young[wid]
+                self._add(wid, got)
+            for entry in later:
+                heapq.heappush(heap, entry)
+        return True
+
+    def _admit(self, v: Workload, now: float) -> None:
+        p = v.priority_override
+        started = v.started_at
+        if (
+            (v.spec.priority if p is None else p) != self.priority
+            or v.state not in _EVICTABLE_STATES
+            or v.preemptions >= GAIN_MAX_PREEMPTIONS
+            or started is None
+        ):
+            return
+        entry = (v, _held(v))
+        if now - started < GAIN_MIN_QUANTUM_S:
+            self._young[v.id] = entry
+            heapq.heappush(self._ripening, (started + GAIN_MIN_QUANTUM_S, v.id, started))
+        else:
+            self._add(v.id, entry)
+
+    def _add(self, wid: str, entry: tuple[Workload, tuple[tuple[str, int], ...]]) -> None:
+        self.members[wid] = entry
+        node_gpu, on_node = self.node_gpu, self.on_node
+        for node, gpu in entry[1]:
+            node_gpu[node] = node_gpu.get(node, 0) + gpu
+            at = on_node.get(node)
+            if at is None:
+                on_node[node] = {wid: None}
+            else:
+                at[wid] = None
+
+    def _drop(self, wid: str) -> None:
+        entry = self.members.pop(wid, None)
+        if entry is None:
+            self._young.pop(wid, None)
+            return
+        node_gpu, on_node = self.node_gpu, self.on_node
+        for node, gpu in entry[1]:
+            node_gpu[node] -= gpu
+        for node, _ in entry[1]:
+            at = on_node.get(node)
+            if at is not None:
+                at.pop(wid, None)  # (a gang with two replicas there: once)
+                if not at:  # (its last member: nobody holds GPU there any more)
+                    del on_node[node], node_gpu[node]
+
+    def position(self) -> dict[str, int]:
+        """Each holder's place in the control plane's holder order (by node)."""
+        ids = self.cp.holder_ids()
+        got = self._pos
+        if got is None or got[0] is not ids:
+            got = self._pos = (ids, dict(zip(ids, range(len(ids)))))
+        return got[1]
+
+
 class GainPool:
     """What the gain searches of one cycle read of the holders of one priority that
     they examine at all (running or starting, past the minimum quantum, under the
-    bound on preemptions): the part of a search that does not depend on the
-    preemptor, so that a search that cannot find anything is known without
-    scanning nodes (:func:`could_gain`).
+    bound on preemptions: :class:`Holders`, kept across cycles): the part of a
+    search that does not depend on the preemptor, so that a search that cannot
+    find anything is known without scanning nodes (:func:`could_gain`).
 
     The pool knows, per node, the GPU its holders there hold, so a test for a
     replica asking ``need`` GPU reads only the holders on nodes where evicting
@@ -86,10 +211,7 @@ class GainPool:
     down to a floor (a victim must be expected to run at least ``gain_ratio``
     times longer than its preemptor), for a reader that wants them in that order."""
 
-    __slots__ = (
-        "_full", "_helds", "_index", "_left", "_members", "_node_gpu", "_now", "_on_node",
-        "_prior", "_remaining",
-    )
+    __slots__ = ("_full", "_holders", "_left", "_now", "_prior", "_remaining")
 
     def __init__(
         self,
@@ -98,84 +220,58 @@ class GainPool:
         cp: ControlPlane,
         priority: int,
         now: float,
+        holders: Holders | None = None,
     ) -> None:
+        """``holders``: those of ``priority`` on ``cp`` as of ``now`` (read anew if not given)."""
         self._now = now
         self._remaining = remaining
         self._prior = cfg.gain_prior_s
-        workloads = cp.workloads
-        members: list[Workload] = []
-        node_gpu: dict[str, int] = {}
-        on_node: dict[str, list[int]] = {}
-        helds: list[tuple[tuple[str, int], ...]] = []
-        evictable = _EVICTABLE_STATES
-        # each holder once, in the order of the nodes it holds on (a gang appears on several)
-        for wid in cp.holder_ids():
-            v = workloads[wid]
-            p = v.priority_override
-            started = v.started_at
-            if (
-                (v.spec.priority if p is None else p) != priority
-                or v.state not in evictable
-                or v.preemptions >= GAIN_MAX_PREEMPTIONS
-                or started is None
-                or now - started < GAIN_MIN_QUANTUM_S
-            ):
-                continue
-            i = len(members)
-            members.append(v)
-            held = _held(v)
-            helds.append(held)
-            for node, gpu in held:
-                node_gpu[node] = node_gpu.get(node, 0) + gpu
-                at = on_node.get(node)
-                if at is None:
-                    on_node[node] = [i]
-                elif at[-1] != i:  # (a gang with two replicas on one node: once)
-                    at.append(i)
-        self._members = members
-        self._helds = helds
-        self._node_gpu = node_gpu
-        self._on_node = on_node
-        #: expected remaining time per member, once read (None: not yet; NaN: an
-        #: estimate that is not a number, which passes no victim test: not in the pool)
-        self._left: list[float | None] = [None] * len(members)
-        self._full: list[Candidate | None] = [None] * len(members)
-        self._index: dict[str, int] | None = None
+        self._holders = holders if holders is not None else Holders(cp, priority, now)
+        #: expected remaining time per member, once read (NaN: an estimate that is
+        #: not a number, which passes no victim test: not in the pool)
+        self._left: dict[str, float] = {}
+        self._full: dict[str, Candidate] = {}
 
     @property
     def members(self) -> list[Workload]:
-        """The holders it examines, in the holders' order (what :meth:`viable` indexes)."""
-        return self._members
+        """The holders it examines, in the control plane's holder order."""
+        return [self._holders.members[wid][0] for wid in self._ordered()]
 
-    def left_of(self, i: int) -> float:
-        """Member ``i``'s expected remaining time (:func:`expected_left`; NaN: not a number)."""
-        left = self._left[i]
+    def _ordered(self) -> list[str]:
+        h = self._holders
+        return sorted(h.members, key=h.position().__getitem__)
+
+    def left_of(self, wid: str) -> float:
+        """Member ``wid``'s expected remaining time (:func:`expected_left`; NaN: not a number)."""
+        left = self._left.get(wid)
         if left is None:
-            left = self._left[i] = expected_left(
-                self._remaining, self._members[i], self._now, self._prior
+            left = self._left[wid] = expected_left(
+                self._remaining, self._holders.members[wid][0], self._now, self._prior
             )
         return left
 
-    def candidate_of(self, i: int, left: float) -> Candidate:
-        """Member ``i``'s candidate, expected to run ``left`` seconds more (:meth:`left_of`)."""
-        c = self._full[i]
+    def candidate_of(self, wid: str, left: float) -> Candidate:
+        """Member ``wid``'s candidate, expected to run ``left`` seconds more (:meth:`left_of`)."""
+        c = self._full.get(wid)
         if c is None:
-            c = self._full[i] = self._candidate(left, self._members[i], self._helds[i])
+            v, held = self._holders.members[wid]
+            c = self._full[wid] = self._candidate(left, v, held)
         return c
 
     def viable(
         self, need: int, nodes: Container[str], exclude: Container[str], fork: CapacityIndex
-    ) -> list[int]:
-        """The members (by index, in the holders' order) on a ready node of ``nodes``
+    ) -> list[str]:
+        """The members (by id, in the holder order) on a ready node of ``nodes``
         outside ``exclude`` where the free GPU (on ``fork``) and that of every
         member there reach ``need``: nowhere else can victims make room for a
         replica asking ``need`` GPU, now or later."""
         status, free_gpu = fork.status, fork.free_gpu
         ready = NodeStatus.READY
-        on_node = self._on_node
-        picked: list[int] = []
+        h = self._holders
+        on_node = h.on_node
+        picked: list[str] = []
         many = False
-        for node, gpu in self._node_gpu.items():
+        for node, gpu in h.node_gpu.items():
             if (
                 node in nodes
                 and node not in exclude
@@ -185,41 +281,38 @@ class GainPool:
                 if picked:
                     many = True
                 picked += on_node[node]
-        if many:  # (a gang may hold on several of them: each member once, in order)
-            picked = sorted(set(picked))
+        if len(picked) > 1:
+            # (a gang may hold on several of them: each member once)
+            picked = sorted(set(picked) if many else picked, key=h.position().__getitem__)
         return picked
 
     def reaching(self, floor: float) -> Iterator[Candidate]:
         """The candidates expected to run at least ``floor`` seconds more, longest first."""
         left_of = self.left_of
-        entries = [(x, i) for i in range(len(self._members)) if (x := left_of(i)) == x]
+        entries = [(x, wid) for wid in self._ordered() if (x := left_of(wid)) == x]
         # longest first; equal times keep the holders' order (the sort is stable)
         entries.sort(key=itemgetter(0), reverse=True)
-        for left, i in entries:
+        for left, wid in entries:
             if left < floor:
                 return
-            yield self.candidate_of(i, left)
+            yield self.candidate_of(wid, left)
 
     def get(self, wid: str) -> Candidate | None:
         """Holder ``wid``'s candidate (None: the pool does not hold it: another
         priority, not running, under the minimum quantum, at the bound on
         preemptions, or an estimate that is not a number)."""
-        index = self._index
-        if index is None:
-            index = self._index = {v.id: i for i, v in enumerate(self._members)}
-        i = index.get(wid)
-        if i is None:
+        if wid not in self._holders.members:
             return None
-        left = self.left_of(i)
-        return self.candidate_of(i, left) if left == left else None
+        left = self.left_of(wid)
+        return self.candidate_of(wid, left) if left == left else None
 
     def all(self) -> list[Candidate]:
         """Every candidate, in the holders' order."""
         out = []
-        for i in range(len(self._members)):
-            left = self.left_of(i)
+        for wid in self._ordered():
+            left = self.left_of(wid)
             if left == left:
-                out.append(self.candidate_of(i, left))
+                out.append(self.candidate_of(wid, left))
         return out
 
     def _candidate(
@@ -307,14 +400,14 @@ def could_gain(
     ready = NodeStatus.READY
     freed: dict[str, int] = {}
     later: list[tuple[Workload, float, float, tuple[tuple[str, int], ...]]] = []
-    left_of, candidate_of, members = pool.left_of, pool.candidate_of, pool.members
-    for i in pool.viable(need, nodes, exclude, fork):
-        if members[i].id in taken:
+    left_of, candidate_of = pool.left_of, pool.candidate_of
+    for wid in pool.viable(need, nodes, exclude, fork):
+        if wid in taken:
             continue
-        left = left_of(i)
+        left = left_of(wid)
         if not left >= floor:  # below the floor no candidate passes the test (nor NaN)
             continue
-        c = candidate_of(i, left)
+        c = candidate_of(wid, left)
         if not left > r_p + c.cost:
             if not drain and may_outlast(left, r_p, c.v):
                 later.append((c.v, left, c.wait, c.held))  # passes once its cost is lower

@@ -34,6 +34,7 @@ from mlwe.core.gain import (
     DrainPlan,
     GainAsk,
     GainPool,
+    Holders,
     cost_of,
     could_gain,
     drain_choice,
@@ -157,6 +158,8 @@ class Scheduler:
         #: remaining-time answers of the cycle being planned (None between cycles)
         self._left: dict[str, float | None] | None = None
         self._left_at = 0.0
+        #: per priority, the holders gain searches examine, kept across cycles
+        self._holders: dict[int, Holders] = {}
 
     # ------------------------------------------------------------------ helpers
     def models_for(self, cp: ControlPlane, w: Workload) -> tuple[str, ...]:
@@ -691,8 +694,13 @@ class Scheduler:
             return bool(nodes)
         pool = cycle.gain_pools.get(w.priority)
         if pool is None:
+            holders = self._holders.get(w.priority)
+            if holders is None or not holders.refresh(cp, cycle.now):
+                if len(self._holders) > 64:
+                    self._holders.clear()
+                holders = self._holders[w.priority] = Holders(cp, w.priority, cycle.now)
             pool = cycle.gain_pools[w.priority] = GainPool(
-                self.config, self.remaining, cp, w.priority, cycle.now
+                self.config, self.remaining, cp, w.priority, cycle.now, holders
             )
         node_set = cycle.node_sets.get(shape.models)
         if node_set is None:

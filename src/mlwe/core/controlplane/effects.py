@@ -75,33 +75,43 @@ def batch_effects(
     decisions: tuple[DecisionRecord, ...],
 ) -> Effects:
     """The :class:`Effects` of a batch of ``actions`` that was applied."""
-    workloads = dict.fromkeys(c.workload.id for c in transitions)
-    workloads.update(dict.fromkeys(created))
     nodes_added: list[NodeSpec] = []
     node_status: dict[str, None] = {}
     queues: dict[str, None] = {}
     respecified: dict[str, None] = {}
     for a in actions:
-        if isinstance(a, Submit):
-            continue  # its workload is among ``created``
-        if isinstance(a, Preempt):
-            workloads[a.victim] = None
-            workloads[a.preemptor] = None
-        elif isinstance(a, AddNode):
+        if isinstance(a, AddNode):
             nodes_added.append(a.spec)
         elif isinstance(a, SetNodeStatus):
             node_status[a.node] = None
         elif isinstance(a, SetQueue):
             queues[a.spec.name] = None
         elif isinstance(a, SetResources):
-            workloads[a.workload] = None
             respecified[a.workload] = None
+    return Effects(version, transitions, changed_workloads(actions, transitions, created),
+                   tuple(nodes_added), tuple(node_status), tuple(queues), tuple(respecified),
+                   decisions)
+
+
+def changed_workloads(
+    actions: Sequence[Action], transitions: Sequence[Changed], created: Sequence[str]
+) -> tuple[str, ...]:
+    """The workloads whose record a batch of ``actions`` that was applied changed:
+    those it transitioned, created, or named (a progress report or a priority
+    change has no transition), in the order the batch first named them."""
+    workloads = dict.fromkeys(c.workload.id for c in transitions)
+    workloads.update(dict.fromkeys(created))
+    for a in actions:
+        if isinstance(a, Submit):
+            continue  # its workload is among ``created``
+        if isinstance(a, Preempt):
+            workloads[a.victim] = None
+            workloads[a.preemptor] = None
         else:
             named = getattr(a, "workload", None)
             if isinstance(named, str):
                 workloads[named] = None
-    return Effects(version, transitions, tuple(workloads), tuple(nodes_added), tuple(node_status),
-                   tuple(queues), tuple(respecified), decisions)
+    return tuple(workloads)
 
 
 class EffectsLog:

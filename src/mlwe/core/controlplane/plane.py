@@ -22,7 +22,7 @@ from mlwe.core.actions import (
     Submit,
 )
 from mlwe.core.controlplane.cluster import ClusterHandlers
-from mlwe.core.controlplane.effects import Changed, batch_effects
+from mlwe.core.controlplane.effects import Changed, batch_effects, changed_workloads
 from mlwe.core.controlplane.facts import FactHandlers
 from mlwe.core.controlplane.restore import Restore
 from mlwe.core.controlplane.state import (
@@ -171,8 +171,11 @@ class ControlPlane(WorkloadHandlers, FactHandlers, ClusterHandlers, Restore):
         finally:
             self._batch_decisions = None
         if self.effects.followed:
-            self.effects.append(
-                batch_effects(self.version, actions, changed, txn.created, tuple(filed)))
+            effects = batch_effects(self.version, actions, changed, txn.created, tuple(filed))
+            self.effects.append(effects)
+            self._journal_note(effects.workloads)
+        else:
+            self._journal_note(changed_workloads(actions, changed, txn.created))
         return ApplyResult(True, self.version, (), False, tuple(txn.ignored), tuple(txn.created),
                            changed)
 

@@ -66,6 +66,7 @@ class Restore(Invariants):
             raise InvariantViolation("restored state is invalid: " + "; ".join(problems[:20]))
         self.version = version
         self._decision_seq = max(self._decision_seq, decision_seq)
+        self._journal_reset()  # the workloads came in without a batch
 
     def _restore_one(
         self, w: Workload, loaded: list[Workload], taken: list[tuple[Workload, ReplicaAlloc]]

@@ -5,8 +5,9 @@ shared rules."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain
 
 from mlwe.core.actions import subject
 from mlwe.core.capacity import FULL, CapacityIndex, NodeInfo, ReplicaAlloc
@@ -137,6 +138,14 @@ class PlaneState:
         self.invariant_checks = 0
         self.counters: dict[str, int] = {}
         self._savepoint: Savepoint | None = None
+        #: The ids of the workloads each applied batch changed, in order (see
+        #: :meth:`changed_since`): readers that keep what they read of workloads
+        #: across cycles update it from here instead of reading every workload.
+        self._journal: list[str] = []
+        self._journal_start = 0  # the position of _journal[0]
+        #: Bumped when the journal cannot tell what changed since a position taken
+        #: before (a rollback, a restore): every reader then reads everything again.
+        self._journal_generation = 0
         self._put_queue(QueueSpec(name=DEFAULT_QUEUE))
 
     # ================================================================= effects
@@ -164,6 +173,39 @@ class PlaneState:
         if not self.effects.follows(RECONCILER):
             return ()
         return _transitions(self.effects.unread(RECONCILER))
+
+    # ================================================================= journal
+    #: the most ids the journal keeps; past it, it starts over and readers read all
+    JOURNAL_LIMIT = 1 << 16
+
+    def journal_mark(self) -> tuple[int, int]:
+        """A position in the journal of changed workloads, for :meth:`changed_since`."""
+        return (self._journal_generation, self._journal_start + len(self._journal))
+
+    def changed_since(self, mark: tuple[int, int]) -> list[str] | None:
+        """The ids of the workloads that applied batches changed since ``mark`` (a
+        :meth:`journal_mark`), in order and possibly repeated; None when that can
+        no longer be told (a rollback or a restore since, or the journal started
+        over): the reader must then read every workload again. A workload whose
+        record an applied batch changed in any way (a transition, its priority,
+        its spec, a progress report, a preemption naming it) is in it."""
+        gen, at = mark
+        if gen != self._journal_generation or at < self._journal_start:
+            return None
+        return self._journal[at - self._journal_start :]
+
+    def _journal_note(self, ids: Sequence[str]) -> None:
+        journal = self._journal
+        if len(journal) > self.JOURNAL_LIMIT:
+            self._journal_start += len(journal)
+            journal.clear()
+        journal.extend(ids)
+
+    def _journal_reset(self) -> None:
+        """What was read of workloads before now cannot be brought up to date."""
+        self._journal_generation += 1
+        self._journal_start += len(self._journal)
+        self._journal.clear()
 
     # ============================================================== savepoints
     def savepoint(self) -> Savepoint:
@@ -197,6 +239,7 @@ class PlaneState:
         self._decision_seq = sp.decision_seq
         del self.decisions[sp.decisions :]
         self.effects.truncate(sp.effects)
+        self._journal_reset()
         self.counters = sp.counters
         self._savepoint = None
 
@@ -223,7 +266,7 @@ class PlaneState:
         the holding epoch moves: a cycle's projection and its gain search both read it."""
         got = self._holder_ids
         if got[0] != self.holding_epoch:
-            ids = tuple(dict.fromkeys(wid for held in self.on_node.values() for wid in held))
+            ids = tuple(dict.fromkeys(chain.from_iterable(self.on_node.values())))
             got = self._holder_ids = (self.holding_epoch, ids)
         return got[1]
 
