@@ -140,13 +140,23 @@ class Turn:
         return (self.shape, self.replicas, bool(self.exclude))
 
 
-def can_stop_early(cp: ControlPlane, order: Sequence[Workload], preemption: bool) -> bool:
+def can_stop_early(
+    cp: ControlPlane,
+    order: Sequence[Workload],
+    preemption: bool,
+    summary: tuple[int, bool] | None = None,
+) -> bool:
     """Whether the cycle may stop once nothing further can start: all waiting work
     asks for GPUs, no cohort could reclaim quota, and no preemption is possible
-    (nobody waiting ranks above the lowest holder)."""
+    (nobody waiting ranks above the lowest holder). ``summary``: the highest
+    priority waiting and whether all waiting work asks for GPUs, where the
+    ordering already knows them (:meth:`SizeAware.queue_summary`)."""
     if not order or any(q.cohort for q in cp.queues.values()):
         return False
     lowest = min(cp.holding_by_priority, default=1 << 62) if preemption else 1 << 62
+    if summary is not None:
+        top, all_gpu = summary
+        return all_gpu and top <= lowest
     # one pass over a queue that may be long: every workload asks for GPUs, and
     # none ranks above the lowest holder (w.priority, spelt out)
     for w in order:

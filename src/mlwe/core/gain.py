@@ -82,7 +82,7 @@ class Holders:
     Everything it keeps about a holder moves only with a change the journal
     names (a transition, a placement, a priority, a preemption) or with the
     clock (the quantum), so it is what a reading of every holder at that moment
-    would give (tests/core/test_kept_holders.py holds them equal)."""
+    would give (tests/core/test_journal_readers.py holds them equal)."""
 
     __slots__ = ("_pos", "_ripening", "_young", "cp", "mark", "members", "node_gpu", "now",
                  "on_node", "priority")

@@ -190,7 +190,12 @@ class Scheduler:
         return self._total_gpu[1]
 
     def ordered(self, cp: ControlPlane) -> list[Workload]:
-        return self.ordering.order(cp.queued_workloads(), cp.queues, self.total_gpu(cp), cp.now())
+        """``cp``'s queue in the ordering's order (kept across calls where it can be:
+        :meth:`SizeAware.order_queue`)."""
+        ordering = self.ordering
+        if isinstance(ordering, SizeAware):
+            return ordering.order_queue(cp, self.total_gpu(cp), cp.now())
+        return ordering.order(cp.queued_workloads(), cp.queues, self.total_gpu(cp), cp.now())
 
     def admission(self, cp: ControlPlane, w: Workload) -> DeadlineVerdict:
         """Deadline admission for a queued (or just submitted) workload."""
@@ -261,8 +266,7 @@ class Scheduler:
         plan = Plan(version=cp.version)
         if self.estimator is not None:
             self.estimator.attach(cp)
-        queued = cp.queued_workloads()
-        if not queued:
+        if not cp.queued:
             return plan
         self._left, self._left_at = {}, cp.now()
         if self._wake_at <= self._left_at:
@@ -271,7 +275,7 @@ class Scheduler:
             self._wake_at = INF
         try:
             # 2. snapshot
-            cycle = self._snapshot(cp, plan, queued, cause_id)
+            cycle = self._snapshot(cp, plan, cause_id)
             if self._drains:
                 self._run_drains(cycle)
             # 3. turns (past those that cannot start, once nothing but a fit can)
@@ -287,14 +291,14 @@ class Scheduler:
         return plan
 
     def _snapshot(
-        self, cp: ControlPlane, plan: Plan, queued: list[Workload], cause_id: str | None
+        self, cp: ControlPlane, plan: Plan, cause_id: str | None
     ) -> Cycle:
         """Phase 2: the queue in policy order, a capacity fork and per-queue usage to
         decide on, and the cycle-wide switches (may the cycle stop early, is gain
         preemption on)."""
         now = cp.now()
         cfg = self.config
-        order = self.ordering.order(queued, cp.queues, self.total_gpu(cp), now)
+        order = self.ordered(cp)
         fork = cp.capacity.fork()
         usage = {n: list(q.usage) for n, q in cp.queues.items()}
         return Cycle(
@@ -305,10 +309,14 @@ class Scheduler:
             order=order,
             fork=fork,
             usage=usage,
-            can_stop=can_stop_early(cp, order, cfg.preemption),
+            can_stop=can_stop_early(cp, order, cfg.preemption, self._queue_summary(cp)),
             cohorts=any(q.cohort for q in cp.queues.values()),
             gain_on=cfg.gain_preemption and cfg.preemption and self.estimator is not None,
         )
+
+    def _queue_summary(self, cp: ControlPlane) -> tuple[int, bool] | None:
+        ordering = self.ordering
+        return ordering.queue_summary(cp) if isinstance(ordering, SizeAware) else None
 
     def _turn(self, cycle: Cycle, rank: int, w: Workload) -> bool:
         """Phase 3: one workload's turn; True ends the cycle (nothing further may start).

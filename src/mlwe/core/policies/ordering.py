@@ -6,10 +6,14 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mlwe.core.model import Queue, Workload
 from mlwe.core.resources import UNLIMITED, format_duration
+from mlwe.core.spec import WorkloadSpec
+
+if TYPE_CHECKING:
+    from mlwe.core.controlplane import ControlPlane
 
 INF = math.inf
 
@@ -141,11 +145,16 @@ class SizeAware:
         # urgency window)
         self._keys: dict[str, tuple[float, int, float, float, str, float]] = {}
         # the last order (see order()): id -> (workload, transitions, priority,
-        # key), the (key, workload) pairs sorted, and the oldest learned count its
-        # keys were computed at (None: no order kept)
-        self._kept: dict[str, tuple[Workload, int, int, tuple[int, int, float, int]]] | None = None
+        # key, spec), the (key, workload) pairs sorted, and the oldest learned count
+        # its keys were computed at (None: no order kept)
+        self._kept: dict[str, _Kept] | None = None
         self._sorted: list[tuple[tuple[int, int, float, int], Workload]] = []
         self._kept_learned = 0
+        #: the control plane whose whole queue the kept order is, and the journal
+        #: mark it is up to date with (None: not known to be a whole queue)
+        self._synced: tuple[ControlPlane, tuple[int, int]] | None = None
+        #: kept workloads that ask for no GPU
+        self._no_gpu = 0
 
     def remaining(self, w: Workload, now: float) -> float | None:
         """Expected seconds left: the learned estimate, else the user's, else None."""
@@ -214,6 +223,69 @@ class SizeAware:
             text += f"; estimate {est.describe()}"
         return text
 
+    def order_queue(self, cp: ControlPlane, total_gpu: int, now: float) -> list[Workload]:
+        """``cp``'s whole queue sorted by :meth:`key`: :meth:`order` of
+        ``cp.queued_workloads()``, but, where the kept order is that queue's as
+        of a journal mark (:meth:`ControlPlane.changed_since`), brought up to date
+        from the workloads changed since instead of a pass over the whole queue."""
+        got = self._from_journal(cp, now)
+        if got is not None:
+            return got
+        mark = cp.journal_mark()
+        out = self.order(cp.queued_workloads(), cp.queues, total_gpu, now)
+        if self._kept is not None:
+            self._synced = (cp, mark)
+        return out
+
+    def queue_summary(self, cp: ControlPlane) -> tuple[int, bool] | None:
+        """Of ``cp``'s queue as :meth:`order_queue` last ordered it: the highest
+        priority in it, and whether every workload in it asks for GPUs (None: not
+        known without a pass over it)."""
+        synced = self._synced
+        if synced is None or synced[0] is not cp or not self._sorted:
+            return None
+        return -self._sorted[0][0][0], self._no_gpu == 0
+
+    def _from_journal(self, cp: ControlPlane, now: float) -> list[Workload] | None:
+        synced = self._synced
+        if (
+            synced is None
+            or synced[0] is not cp
+            or self._kept is None
+            or not self.estimator.fresh(self._kept_learned)
+        ):
+            return None
+        changed = cp.changed_since(synced[1])
+        if changed is None:
+            return None
+        self._synced = (cp, cp.journal_mark())
+        if not changed:
+            return list(map(_SECOND, self._sorted))
+        kept = self._kept
+        queued, workloads = cp.queued, cp.workloads
+        fresh: list[Workload] = []
+        gone: list[str] = []
+        # what _update asks of every queued workload, asked of those that changed
+        for wid in dict.fromkeys(changed):
+            w = workloads.get(wid)
+            if w is None or wid not in queued:
+                gone.append(wid)
+                continue
+            k = kept.get(wid)
+            if (
+                k is not None
+                and k[0] is w
+                and k[1] == len(w.history)
+                and k[2] == w.priority
+                and k[4] is w.spec
+            ):
+                continue
+            if w.deadline is not None or w.started_at is not None:
+                self._synced = None  # keys that move with the clock: sorted in full
+                return None
+            fresh.append(w)
+        return self._apply(fresh, gone, now)
+
     def order(
         self, queued: Sequence[Workload], queues: Mapping[str, Queue], total_gpu: int, now: float
     ) -> list[Workload]:
@@ -225,6 +297,7 @@ class SizeAware:
         :meth:`_entry`). The result is the full sort's, workload for workload
         (keys end in the unique arrival sequence: no two are equal); a queue
         with a deadline in it is sorted in full at every call."""
+        self._synced = None  # (whatever ``queued`` is: maybe not a whole queue)
         if self._kept is not None and self.estimator.fresh(self._kept_learned):
             got = self._update(queued, now)
             if got is not None:
@@ -239,8 +312,9 @@ class SizeAware:
         # queue member running (none should be: attained service would move too)
         if all(w.deadline is None and w.started_at is None for w in queued):
             keys = self._keys
-            self._kept = {w.id: (w, len(w.history), w.priority, k) for k, w in pairs}
+            self._kept = {w.id: (w, len(w.history), w.priority, k, w.spec) for k, w in pairs}
             self._sorted = pairs
+            self._no_gpu = sum(1 for w in queued if not w.spec.resources.gpu)
             self._kept_learned = min(
                 (keys[w.id][1] for w in queued), default=self.estimator.learned
             )
@@ -250,7 +324,6 @@ class SizeAware:
         """The kept order brought up to date with ``queued`` (None: it cannot be)."""
         kept = self._kept
         assert kept is not None
-        srt = self._sorted
         fresh: list[Workload] = []
         gone: list[str] = []  # kept, but moved since (re-keyed below)
         same = 0
@@ -262,6 +335,7 @@ class SizeAware:
                 and k[0] is w
                 and k[1] == len(w.history)
                 and k[2] == (w.spec.priority if w.priority_override is None else w.priority_override)
+                and k[4] is w.spec
             ):
                 same += 1
                 continue
@@ -273,21 +347,39 @@ class SizeAware:
         if same + len(gone) != len(kept):  # some left the queue
             ids = {w.id for w in queued}
             gone += [i for i in kept if i not in ids]
-        for wid in gone:
-            k = kept.pop(wid)
+        return self._apply(fresh, gone, now)
+
+    def _apply(self, fresh: list[Workload], gone: list[str], now: float) -> list[Workload]:
+        """The kept order without ``gone`` (ids, kept or not) and with ``fresh``
+        (workloads to key anew, kept or not, none with a deadline or running)."""
+        kept = self._kept
+        assert kept is not None
+        srt = self._sorted
+        for wid in gone + [w.id for w in fresh]:
+            k = kept.pop(wid, None)
+            if k is None:
+                continue
             i = bisect.bisect_left(srt, k[3], key=_FIRST)
             assert srt[i][1] is k[0]
             del srt[i]
+            if not k[4].resources.gpu:
+                self._no_gpu -= 1
         if fresh:
             key = self.key
             learned = self._keys
             for w in fresh:
                 kw = key(w, now)
-                kept[w.id] = (w, len(w.history), w.priority, kw)
+                kept[w.id] = (w, len(w.history), w.priority, kw, w.spec)
                 bisect.insort(srt, (kw, w), key=_FIRST)
+                if not w.spec.resources.gpu:
+                    self._no_gpu += 1
                 self._kept_learned = min(self._kept_learned, learned[w.id][1])
         return list(map(_SECOND, srt))
 
+
+#: what SizeAware keeps of a queued workload: the workload, its transitions, its
+#: priority, its key and its spec (the key is read again when any of them moves)
+_Kept = tuple[Workload, int, int, tuple[int, int, float, int], WorkloadSpec]
 
 _FIRST = itemgetter(0)  # a (key, workload) pair's key
 _SECOND = itemgetter(1)  # and its workload

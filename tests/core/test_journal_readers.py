@@ -1,8 +1,9 @@
-"""The holders a gain search examines, kept across cycles (``mlwe.core.gain.Holders``)
-from the control plane's journal of changed workloads, are at every moment what a
-reading of every holder would give: through placements, starts, completions,
-preemptions, priority changes, gangs, the minimum quantum passing, rollbacks and
-restores."""
+"""What is kept across cycles from the control plane's journal of changed
+workloads (``ControlPlane.changed_since``) is at every moment what a reading of
+everything would give: the holders a gain search examines (``mlwe.core.gain.Holders``)
+through placements, starts, completions, preemptions, priority changes, gangs, the
+minimum quantum passing and rollbacks; the size-aware order of the queue
+(``SizeAware.order_queue``) and what the early stop reads of it."""
 
 from __future__ import annotations
 
@@ -139,3 +140,59 @@ def test_kept_holders_start_over_on_another_control_plane_or_an_earlier_moment()
     assert h.refresh(cp, clock.now())
     assert not h.refresh(other, clock.now())
     assert not h.refresh(cp, clock.now() - 1.0)
+
+
+def test_the_queue_order_kept_from_the_journal_is_the_full_sort() -> None:
+    """SizeAware.order_queue, brought up to date from the journal, gives at every
+    step the full sort of the queue's keys and the right summary for the early stop,
+    through arrivals, placements, cancellations, priority and spec changes (a job
+    whose new spec asks for no GPU), another reader of the order, and a rollback."""
+    from mlwe.core.actions import Cancel, SetResources
+    from mlwe.core.estimator import RuntimeEstimator
+    from mlwe.core.policies.ordering import SizeAware
+    from mlwe.core.spec import ReplicaResources
+
+    rng = random.Random(7)
+    cp, clock = cluster(*(gpu_node(f"n{i}", gpus=8) for i in range(2)))
+    sched = default_scheduler()
+    ordering = SizeAware(RuntimeEstimator())
+    served = n = 0
+    for step in range(120):
+        specs = [
+            gpu_job(f"w{n + i}", gpu=rng.choice([1, 4, 8]), priority=rng.choice(PRIORITIES))
+            for i in range(rng.randint(0, 3))
+        ]
+        n += len(specs)
+        if specs:
+            submit(cp, *specs)
+        waiting = [cp.workloads[w] for w in cp.queued]
+        if waiting and rng.random() < 0.3:
+            ok(cp.apply([SetPriority(rng.choice(waiting).id, rng.choice(PRIORITIES))]))
+        if waiting and rng.random() < 0.2:
+            res = ReplicaResources.model_validate(
+                {"gpu": rng.choice([0, 1]), "cpu": 1, "memory": "1Gi"}
+            )
+            ok(cp.apply([SetResources(rng.choice(waiting).id, res)]))
+        if waiting and rng.random() < 0.1:
+            ok(cp.apply([Cancel(rng.choice(waiting).id)]))
+        if rng.random() < 0.2:
+            sched.run_cycle(cp)
+        if rng.random() < 0.1:
+            sp = cp.savepoint()
+            submit(cp, gpu_job(f"w{n}", gpu=1))
+            n += 1
+            cp.rollback_to(sp)
+        if rng.random() < 0.1:  # another reader orders part of the queue
+            ordering.order(waiting[: len(waiting) // 2], cp.queues, 16, clock.now())
+        before = ordering._synced is not None
+        got = ordering.order_queue(cp, 16, clock.now())
+        served += before and ordering._synced is not None
+        queued = cp.queued_workloads()
+        want = sorted(queued, key=lambda w: ordering.key(w, clock.now()))
+        assert [w.id for w in got] == [w.id for w in want], step
+        summary = ordering.queue_summary(cp)
+        if queued:
+            assert summary == (max(w.priority for w in queued),
+                               all(w.spec.resources.gpu for w in queued)), step
+        clock.advance(30.0)
+    assert served > 50  # the journal served most steps
