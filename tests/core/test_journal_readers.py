@@ -30,6 +30,8 @@ def _check(cp: ControlPlane, kept: dict[int, Holders], now: float, rolled_back: 
     """Bring every kept reading up to ``now`` (it cannot be, and only then, after a
     rollback) and compare it with a fresh one."""
     cfg = SchedulerConfig(gain_preemption=True)
+    ids = list(cp.holder_ids())
+    assert sorted(ids, key=lambda i: cp.hold_key(cp.workloads[i])) == ids
     for p in PRIORITIES:
         h = kept.get(p)
         if h is not None:
@@ -82,6 +84,10 @@ def _scenario(seed: int) -> tuple[int, int]:
         for w in rng.sample(running, len(running) // 4):
             ok(cp.apply([Exited(w.id, w.attempt, 0)]))
         holding = [w for w in cp.workloads.values() if w.placement]
+        if holding and rng.random() < 0.3:  # a batch refused after a release: undone
+            w = rng.choice(holding)
+            got = cp.apply([Exited(w.id, w.attempt, 0), SetPriority("nobody", 1)])
+            assert not got.accepted and w.placement  # (it holds again, last on its nodes)
         for w in rng.sample(holding, min(2, len(holding))):
             ok(cp.apply([SetPriority(w.id, rng.choice(PRIORITIES))]))
         if holding and rng.random() < 0.3:

@@ -84,8 +84,8 @@ class Holders:
     clock (the quantum), so it is what a reading of every holder at that moment
     would give (tests/core/test_journal_readers.py holds them equal)."""
 
-    __slots__ = ("_pos", "_ripening", "_young", "cp", "mark", "members", "node_gpu", "now",
-                 "on_node", "priority")
+    __slots__ = ("_ripening", "_young", "cp", "mark", "members", "node_gpu", "now", "on_node",
+                 "place", "priority")
 
     def __init__(self, cp: ControlPlane, priority: int, now: float) -> None:
         self.cp = cp
@@ -98,9 +98,10 @@ class Holders:
         self.node_gpu: dict[str, int] = {}
         self.on_node: dict[str, dict[str, None]] = {}
         #: holders that pass but for the minimum quantum, and when each passes it
+        #: member id -> its place in the control plane's holder order (a sort key)
+        self.place: dict[str, tuple[int, int]] = {}
         self._young: dict[str, tuple[Workload, tuple[tuple[str, int], ...]]] = {}
         self._ripening: list[tuple[float, str, float]] = []
-        self._pos: tuple[tuple[str, ...], dict[str, int]] | None = None
         workloads = cp.workloads
         for wid in cp.holder_ids():
             self._admit(workloads[wid], now)
@@ -161,6 +162,7 @@ class Holders:
 
     def _add(self, wid: str, entry: tuple[Workload, tuple[tuple[str, int], ...]]) -> None:
         self.members[wid] = entry
+        self.place[wid] = self.cp.hold_key(entry[0])
         node_gpu, on_node = self.node_gpu, self.on_node
         for node, gpu in entry[1]:
             node_gpu[node] = node_gpu.get(node, 0) + gpu
@@ -175,6 +177,7 @@ class Holders:
         if entry is None:
             self._young.pop(wid, None)
             return
+        del self.place[wid]
         node_gpu, on_node = self.node_gpu, self.on_node
         for node, gpu in entry[1]:
             node_gpu[node] -= gpu
@@ -184,14 +187,6 @@ class Holders:
                 at.pop(wid, None)  # (a gang with two replicas there: once)
                 if not at:  # (its last member: nobody holds GPU there any more)
                     del on_node[node], node_gpu[node]
-
-    def position(self) -> dict[str, int]:
-        """Each holder's place in the control plane's holder order (by node)."""
-        ids = self.cp.holder_ids()
-        got = self._pos
-        if got is None or got[0] is not ids:
-            got = self._pos = (ids, dict(zip(ids, range(len(ids)))))
-        return got[1]
 
 
 class GainPool:
@@ -238,8 +233,7 @@ class GainPool:
         return [self._holders.members[wid][0] for wid in self._ordered()]
 
     def _ordered(self) -> list[str]:
-        h = self._holders
-        return sorted(h.members, key=h.position().__getitem__)
+        return sorted(self._holders.members, key=self._holders.place.__getitem__)
 
     def left_of(self, wid: str) -> float:
         """Member ``wid``'s expected remaining time (:func:`expected_left`; NaN: not a number)."""
@@ -283,7 +277,7 @@ class GainPool:
                 picked += on_node[node]
         if len(picked) > 1:
             # (a gang may hold on several of them: each member once)
-            picked = sorted(set(picked) if many else picked, key=h.position().__getitem__)
+            picked = sorted(set(picked) if many else picked, key=h.place.__getitem__)
         return picked
 
     def reaching(self, floor: float) -> Iterator[Candidate]:

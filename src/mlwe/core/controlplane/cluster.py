@@ -45,6 +45,7 @@ class ClusterHandlers(PlaneState):
         def undo() -> None:
             self.capacity.remove_node(spec.name)
             del self.on_node[spec.name]
+            self._journal_reset()  # (readers that keep node places read them again)
 
         txn.undo.append(undo)
         return []

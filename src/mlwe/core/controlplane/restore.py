@@ -85,6 +85,7 @@ class Restore(Invariants):
             if w.state not in HOLDING:
                 return [f"{w.id}: {w.state.value} but holds resources"]
             q = self.queues[w.queue]
+            self._hold_seq += 1
             for a in w.placement:
                 why = self.capacity.check(a) if a.node in self.capacity else [
                     f"placed on unknown node {a.node!r}"]
@@ -93,7 +94,7 @@ class Restore(Invariants):
                     continue
                 self.capacity.allocate(a)
                 taken.append((w, a))
-                self.on_node.setdefault(a.node, {})[w.id] = None
+                self.on_node.setdefault(a.node, {})[w.id] = self._hold_seq
                 _add(q.usage, a.res, 1)
             hp = self.holding_by_priority
             _bump(hp, w.priority, 1)

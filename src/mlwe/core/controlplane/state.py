@@ -109,7 +109,11 @@ class PlaneState:
         self.capacity = CapacityIndex()
         self.workloads: dict[str, Workload] = {}
         self.queued: dict[str, None] = {}  # ids in PENDING / PREEMPTED, arrival order
-        self.on_node: dict[str, dict[str, None]] = {}  # node -> ids of workloads holding there
+        #: node -> ids of the workloads holding there, each with the sequence number
+        #: of its hold there (ascending in the dict's order: see :meth:`hold_key`)
+        self.on_node: dict[str, dict[str, int]] = {}
+        self._hold_seq = 0
+        self._node_ranks: dict[str, int] = {}  # node -> its place in on_node (hold_key)
         self.queues: dict[str, Queue] = {}
         self.holding_by_priority: dict[int, int] = {}  # priority -> workloads holding resources
         #: Bumped whenever any workload takes or gives back resources, and when that
@@ -270,6 +274,17 @@ class PlaneState:
             got = self._holder_ids = (self.holding_epoch, ids)
         return got[1]
 
+    def hold_key(self, w: Workload) -> tuple[int, int]:
+        """Where holder ``w`` comes in :meth:`holder_ids`: the place of the first node
+        it holds on (in the order nodes were added) and its hold's sequence number
+        there; comparing keys compares places in that order. It moves only when
+        ``w`` is held anew, which a batch that changes it names in the journal."""
+        ranks = self._node_ranks
+        if len(ranks) != len(self.on_node):
+            ranks = self._node_ranks = {node: i for i, node in enumerate(self.on_node)}
+        on_node = self.on_node
+        return min((ranks[a.node], on_node[a.node][w.id]) for a in w.placement)
+
     def node_status(self, node: str) -> NodeStatus:
         return self.capacity.status(node)
 
@@ -381,9 +396,10 @@ class PlaneState:
         hp = self.holding_by_priority
         _bump(hp, w.priority, 1)
         self.holding_epoch += 1
+        self._hold_seq += 1
         for a in allocs:
             self.capacity.allocate(a)
-            self.on_node.setdefault(a.node, {})[w.id] = None
+            self.on_node.setdefault(a.node, {})[w.id] = self._hold_seq
             txn.touched_nodes[a.node] = None
             _add(q.usage, a.res, 1)
         self._set(txn, w, "placement", allocs)
@@ -416,9 +432,13 @@ class PlaneState:
             if allocs:
                 _bump(hp, w.priority, 1)
                 self.holding_epoch += 1
+                # held again, last on its nodes: a reader that kept where it held
+                # (hold_key) reads it again
+                self._hold_seq += 1
+                self._journal_note((w.id,))
             for a in allocs:
                 self.capacity.allocate(a)
-                self.on_node[a.node][w.id] = None
+                self.on_node[a.node][w.id] = self._hold_seq
                 _add(q.usage, a.res, 1)
 
         txn.undo.append(undo)
