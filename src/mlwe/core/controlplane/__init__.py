@@ -23,6 +23,14 @@ decision record filed outside a batch (a rejection, a changed pending reason)
 is a record of its own. A batch undone by :meth:`ControlPlane.rollback_to` is
 gone from the log for every reader. ``listeners`` and ``decision_listeners``
 remain for observers that need a push (monitors, metrics, recent decisions).
+
+Readers that keep what they read of workloads across scheduling cycles (the
+gain test's holders, the size-aware order of the queue) ask instead which
+workloads changed since a mark: :meth:`ControlPlane.changed_since` reads a
+bounded journal of the ids every applied batch changed, and answers None (read
+everything again) after a rollback or a restore, or once the journal has
+started over. Each hold on a node is numbered, so :meth:`ControlPlane.hold_key`
+gives a holder's place in the holder order without a pass over every holder.
 """
 
 
