@@ -97,9 +97,10 @@ class Holders:
         #: node -> the GPU its members hold there, and who they are (each once)
         self.node_gpu: dict[str, int] = {}
         self.on_node: dict[str, dict[str, None]] = {}
-        #: holders that pass but for the minimum quantum, and when each passes it
         #: member id -> its place in the control plane's holder order (a sort key)
         self.place: dict[str, tuple[int, int]] = {}
+        #: holders that pass but for the minimum quantum, and when each passes it
+        #: (a heap with stale entries left in: each is checked when it comes up)
         self._young: dict[str, tuple[Workload, tuple[tuple[str, int], ...]]] = {}
         self._ripening: list[tuple[float, str, float]] = []
         workloads = cp.workloads
@@ -185,7 +186,7 @@ class Holders:
             at = on_node.get(node)
             if at is not None:
                 at.pop(wid, None)  # (a gang with two replicas there: once)
-                if not at:  # (its last member: nobody holds GPU there any more)
+                if not at:  # (its last member there)
                     del on_node[node], node_gpu[node]
 
 
