@@ -271,14 +271,7 @@ class SizeAware:
             if w is None or wid not in queued:
                 gone.append(wid)
                 continue
-            k = kept.get(wid)
-            if (
-                k is not None
-                and k[0] is w
-                and k[1] == len(w.history)
-                and k[2] == w.priority
-                and k[4] is w.spec
-            ):
+            if _unchanged(kept.get(wid), w):
                 continue
             if w.deadline is not None or w.started_at is not None:
                 self._synced = None  # keys that move with the clock: sorted in full
@@ -329,14 +322,7 @@ class SizeAware:
         same = 0
         for w in queued:
             k = kept.get(w.id)
-            # (w.priority, spelt out: a cycle asks this of the whole queue)
-            if (
-                k is not None
-                and k[0] is w
-                and k[1] == len(w.history)
-                and k[2] == (w.spec.priority if w.priority_override is None else w.priority_override)
-                and k[4] is w.spec
-            ):
+            if _unchanged(k, w):
                 same += 1
                 continue
             if w.deadline is not None or w.started_at is not None:
@@ -380,6 +366,19 @@ class SizeAware:
 #: what SizeAware keeps of a queued workload: the workload, its transitions, its
 #: priority, its key and its spec (the key is read again when any of them moves)
 _Kept = tuple[Workload, int, int, tuple[int, int, float, int], WorkloadSpec]
+
+
+def _unchanged(k: _Kept | None, w: Workload) -> bool:
+    """Whether kept entry ``k`` is still ``w``'s: the same workload, transitions,
+    priority and spec (else its key is read again)."""
+    return (
+        k is not None
+        and k[0] is w
+        and k[1] == len(w.history)
+        and k[2] == w.priority
+        and k[4] is w.spec
+    )
+
 
 _FIRST = itemgetter(0)  # a (key, workload) pair's key
 _SECOND = itemgetter(1)  # and its workload
