@@ -226,6 +226,39 @@ def test_kept_predictions_are_exactly_what_a_new_one_would_be(min_errors: int) -
     assert asked == 2400 and est.learned > 100
 
 
+def test_a_history_basis_outlives_learning_that_leaves_its_choice() -> None:
+    """A running workload's remaining time is asked at every cycle, and the
+    estimator learns at every completion: the basis of a prediction from the
+    history of run times (which key's sample) is kept across learning as long
+    as its key list's choice stays the same, and read again when it changes."""
+    est = RuntimeEstimator(min_samples=3, keep=16, min_errors=3)
+    for _ in range(6):  # queue cv's own key: always right (no error), so chosen
+        est.learn(spec(name="eval-2", queue="cv", gpus=1), 500.0)
+    w = wl(spec(name="eval-2", queue="cv", gpus=1), "w")
+    assert est.remaining_s(w, 100.0) == 400.0
+    read = 0
+    basis_of = est._basis_of
+
+    def counted(*args: object) -> object:
+        nonlocal read
+        read += 1
+        return basis_of(*args)  # type: ignore[arg-type]
+
+    est._basis_of = counted  # type: ignore[method-assign]
+    for i in range(40):  # other queues: the general keys' records move, cv's choice does not
+        est.learn(spec(name="train-bert-1", queue="nlp", gpus=8), 100.0 * (1 + i % 7))
+        assert est.remaining_s(w, 100.0 + i) == 400.0 - i
+    assert read == 0
+    est.learn(spec(name="eval-2", queue="cv", gpus=1), 900.0)  # its own sample grows
+    assert est.remaining_s(w, 100.0) == 400.0 and read == 0  # (the median of 500s)
+    for _ in range(6):  # now the general key "in queue cv of kind ..." errs less
+        est.learn(spec(name="eval-9x", queue="cv", gpus=1), 500.0)
+        est.learn(spec(name="eval-2", queue="cv", gpus=1), 5000.0)
+    fresh = est._predict(w.spec, 100.0, est._keys(w.spec))[0]
+    assert fresh is not None and est.remaining_s(w, 100.0) == fresh.remaining_s
+    assert read >= 1
+
+
 def test_a_deadline_is_urgent_only_within_the_horizon_by_default() -> None:
     """Size-aware order: a deadline job with more slack than the urgency horizon
     (2h) competes by size; with ``urgency_ratio`` 1 it would be urgent while its

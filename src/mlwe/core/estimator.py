@@ -76,8 +76,6 @@ class _Sample:
 
     keep: int
     version: int = 0
-    #: bumped by every change a prediction reads (values and errors)
-    stamp: int = 0
     order: deque[float] = field(default_factory=deque)
     sorted: list[float] = field(default_factory=list)
     #: sorted relative errors of this key's own past predictions (its median,
@@ -86,7 +84,6 @@ class _Sample:
 
     def add(self, x: float) -> None:
         self.version += 1
-        self.stamp += 1
         self.order.append(x)
         bisect.insort(self.sorted, x)
         if len(self.order) > self.keep:
@@ -94,7 +91,6 @@ class _Sample:
             del self.sorted[bisect.bisect_left(self.sorted, old)]
 
     def note_error(self, e: float) -> None:
-        self.stamp += 1
         bisect.insort(self.errors, e)
         if len(self.errors) > self.keep:
             # keep the middle: drop alternately from each end (a running median's view)
@@ -103,6 +99,22 @@ class _Sample:
     def median(self) -> float:
         s = self.sorted
         return s[len(s) // 2]
+
+
+class _Choice:
+    """What :meth:`RuntimeEstimator._best` chose for one key list in one table, as
+    of an epoch, and the first epoch since which it has been the same (a
+    prediction made in an epoch from ``since`` on read what it would read now)."""
+
+    __slots__ = ("by_record", "epoch", "got", "keys", "since", "table")
+
+    def __init__(
+        self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]],
+        by_record: bool,
+    ) -> None:
+        self.table, self.keys, self.by_record = table, keys, by_record
+        self.epoch = self.since = -1
+        self.got: tuple[_Sample, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,19 +161,18 @@ class RuntimeEstimator:
         self.predicted = 0  # completed workloads that had a prediction at submission
         self.completed = 0
         self._at_submit: dict[str, float | None] = {}
-        #: id -> (epoch, sample used or None, its stamp, attained, estimate, spec)
-        self._cache: dict[
-            str, tuple[int, _Sample | None, int, float, Estimate | None, WorkloadSpec]
-        ] = {}
-        #: bumped whenever which key a prediction uses may change (a sample first
-        #: reaches ``min_samples``, or a key's record of errors moves: every
-        #: completion); with the used sample's stamp it tells exactly when a
-        #: cached prediction still is what a new one would be
+        #: id -> (epoch, attained, estimate, spec)
+        self._cache: dict[str, tuple[int, float, Estimate | None, WorkloadSpec]] = {}
+        #: bumped by every learn(), the only thing that changes a sample (its
+        #: values, or its record of errors, which may change which key a
+        #: prediction uses): a prediction kept from the same epoch, for the same
+        #: spec, is exactly what a new one would be
         self._epoch = 0
-        #: id -> (epoch, sample used or None, its stamp, spec, fixed total; -1: read
-        #: the sample at the attained service; None: no estimate)
+        #: id -> (epoch, sample read or None, spec, fixed total; -1: read the
+        #: sample at the attained service; None: no estimate, and for -1 the
+        #: choice that gave the sample)
         self._basis: dict[
-            str, tuple[int, _Sample | None, int, WorkloadSpec, float | None]
+            str, tuple[int, _Sample | None, WorkloadSpec, float | None, _Choice | None]
         ] = {}
         self._keys_of: dict[
             str, tuple[WorkloadSpec, list[tuple[tuple[str, ...], str]], float | None]
@@ -169,12 +180,9 @@ class RuntimeEstimator:
         #: one list per distinct set of keys (equal lists are the same object), so
         #: that what :meth:`_best` chose for it can be kept per epoch
         self._key_lists: dict[tuple[tuple[str, ...], ...], list[tuple[tuple[str, ...], str]]] = {}
-        #: (table, id of a key list) -> (epoch, what _best chose, the list): a
+        #: (table, id of a key list) -> what _best chose for it, as of an epoch: a
         #: choice changes only when the epoch moves (every learn())
-        self._chosen: dict[
-            tuple[int, int],
-            tuple[int, tuple[_Sample, str] | None, list[tuple[tuple[str, ...], str]]],
-        ] = {}
+        self._chosen: dict[tuple[int, int], _Choice] = {}
         self._gittins: dict[tuple[int, float], tuple[int, float]] = {}
         self._attached: object | None = None
 
@@ -276,16 +284,34 @@ class RuntimeEstimator:
         Seconds per iteration and the ratio to the user's estimate: the most
         specific (by record, ITP's avg JCT rose 13% on itp:02, where iterations drive the
         estimates: benchmarks/policy_quality.py)."""
+        return self._choice(table, keys, by_record).got
+
+    def _choice(
+        self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]],
+        by_record: bool = False,
+    ) -> _Choice:
+        """:meth:`_best`'s choice for ``keys`` in ``table``, as of this epoch."""
         memo = (id(table), id(keys))
         kept = self._chosen.get(memo)
-        if kept is not None and kept[0] == self._epoch and kept[2] is keys:
-            return kept[1]
-        got = self._choose(table, keys, by_record)
-        if len(self._chosen) > 200_000:
-            self._chosen.clear()
-        # (the entry holds the list, so its id is not reused while the entry stands)
-        self._chosen[memo] = (self._epoch, got, keys)
-        return got
+        if kept is None or kept.keys is not keys:
+            if len(self._chosen) > 200_000:
+                self._chosen.clear()
+            # (the entry holds the list, so its id is not reused while the entry stands)
+            kept = self._chosen[memo] = _Choice(table, keys, by_record)
+        if kept.epoch != self._epoch:
+            self._recheck(kept)
+        return kept
+
+    def _recheck(self, c: _Choice) -> None:
+        """Bring choice ``c`` to this epoch; its ``since`` moves only if it changed."""
+        got = self._choose(c.table, c.keys, c.by_record)
+        old = c.got
+        if c.epoch < 0 or (
+            (got is None) != (old is None)
+            or (got is not None and old is not None and (got[0] is not old[0] or got[1] != old[1]))
+        ):
+            c.since = self._epoch
+        c.got, c.epoch = got, self._epoch
 
     def _choose(
         self, table: dict[tuple[str, ...], _Sample], keys: list[tuple[tuple[str, ...], str]],
@@ -321,23 +347,20 @@ class RuntimeEstimator:
         when neither history nor the user gives anything.
 
         A prediction is kept per workload and reused while it is exactly what a
-        new one would be: same spec and attained service, no sample newly usable
-        (the epoch), and the sample it read unchanged (its stamp)."""
+        new one would be: same spec and attained service, and nothing learned
+        since (the epoch)."""
         cached = self._cache.get(w.id)
         if (
             cached is not None
             and cached[0] == self._epoch
-            and cached[3] == attained_s
-            and cached[5] is w.spec
-            and (cached[1] is None or cached[1].stamp == cached[2])
+            and cached[1] == attained_s
+            and cached[3] is w.spec
         ):
-            return cached[4]
-        est, used = self._predict(w.spec, attained_s, self.keys_for(w))
+            return cached[2]
+        est = self._predict(w.spec, attained_s, self.keys_for(w))[0]
         if len(self._cache) > 100_000:
             self._cache.clear()
-        self._cache[w.id] = (
-            self._epoch, used, used.stamp if used is not None else 0, attained_s, est, w.spec
-        )
+        self._cache[w.id] = (self._epoch, attained_s, est, w.spec)
         return est
 
     def remaining_s(self, w: Workload, attained_s: float = 0.0) -> float | None:
@@ -346,21 +369,27 @@ class RuntimeEstimator:
         workload, whose attained service moves at every cycle. The basis (which
         sample, or a fixed total) is kept per workload while it is exactly what
         a new prediction would read (see :meth:`estimate`)."""
+        epoch = self._epoch
         got = self._basis.get(w.id)
-        if (
-            got is None
-            or got[0] != self._epoch
-            or got[3] is not w.spec
-            or (got[1] is not None and got[1].stamp != got[2])
-        ):
+        if got is not None and got[0] != epoch:
+            # learned since: a history's basis still stands while its key list's
+            # choice is the one it read (the sample is read anew below); a fixed
+            # total (iterations, the user's) is read again
+            c = got[4]
+            if c is None:
+                got = None
+            else:
+                if c.epoch != epoch:
+                    self._recheck(c)
+                if c.since > got[0]:
+                    got = None
+        if got is None or got[2] is not w.spec:
             _, keys, it = self._features(w)
-            total, used = self._basis_of(w.spec, keys, it)
+            total, used, c = self._basis_of(w.spec, keys, it)
             if len(self._basis) > 100_000:
                 self._basis.clear()
-            got = self._basis[w.id] = (
-                self._epoch, used, used.stamp if used is not None else 0, w.spec, total
-            )
-        total = got[4]
+            got = self._basis[w.id] = (epoch, used, w.spec, total, c)
+        total = got[3]
         if total is None:
             return None
         if total < 0:
@@ -375,25 +404,27 @@ class RuntimeEstimator:
 
     def _basis_of(
         self, spec: WorkloadSpec, keys: list[tuple[tuple[str, ...], str]], it: float | None
-    ) -> tuple[float | None, _Sample | None]:
+    ) -> tuple[float | None, _Sample | None, _Choice | None]:
         """What :meth:`_predict` would base its total on, without building the
         estimate: the total (None: no estimate; -1.0: the history's, which depends
-        on the attained service) and the sample read (None: none). The same rules
-        in the same order as :meth:`_predict` (``it``: the spec's iterations)."""
+        on the attained service), the sample read (None: none), and, where only
+        the history of run times decides (no iterations, no user's estimate),
+        the choice that decided, which tells when the basis changes. The same
+        rules in the same order as :meth:`_predict` (``it``: the spec's iterations)."""
         if it:
             got = self._best(self._per_iter, keys)
             if got is not None:
-                return it * got[0].median(), got[0]
+                return it * got[0].median(), got[0], None
         user = spec.estimated_duration
         if user:
             got = self._best(self._ratio, keys)
             if got is not None:
-                return user * got[0].median(), got[0]
-            return user, None
-        got = self._best(self._durations, keys, by_record=True)
-        if got is None:
-            return None, None
-        return -1.0, got[0]
+                return user * got[0].median(), got[0], None
+            return user, None, None
+        c = self._choice(self._durations, keys, True)
+        if c.got is None:
+            return None, None, None if it else c
+        return -1.0, c.got[0], None if it else c
 
     def _estimate(
         self, spec: WorkloadSpec, a: float, keys: list[tuple[tuple[str, ...], str]] | None = None

@@ -240,9 +240,14 @@ class GainPool:
         """Member ``wid``'s expected remaining time (:func:`expected_left`; NaN: not a number)."""
         left = self._left.get(wid)
         if left is None:
-            left = self._left[wid] = expected_left(
-                self._remaining, self._holders.members[wid][0], self._now, self._prior
-            )
+            # expected_left, inline (a cycle reads this of every viable holder)
+            x = self._holders.members[wid][0]
+            r = self._remaining(x, self._now)
+            if r is None:
+                r = attained(x, self._now)
+                if r < self._prior:
+                    r = self._prior
+            left = self._left[wid] = r
         return left
 
     def candidate_of(self, wid: str, left: float) -> Candidate:
@@ -395,11 +400,13 @@ def could_gain(
     ready = NodeStatus.READY
     freed: dict[str, int] = {}
     later: list[tuple[Workload, float, float, tuple[tuple[str, int], ...]]] = []
-    left_of, candidate_of = pool.left_of, pool.candidate_of
+    left_of, candidate_of, lefts = pool.left_of, pool.candidate_of, pool._left
     for wid in pool.viable(need, nodes, exclude, fork):
         if wid in taken:
             continue
-        left = left_of(wid)
+        left = lefts.get(wid)
+        if left is None:
+            left = left_of(wid)
         if not left >= floor:  # below the floor no candidate passes the test (nor NaN)
             continue
         c = candidate_of(wid, left)

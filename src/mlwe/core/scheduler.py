@@ -236,7 +236,13 @@ class Scheduler:
             return self._remaining(w, now)
         rem = memo.get(w.id, _UNKNOWN)
         if rem is _UNKNOWN:
-            rem = memo[w.id] = self._remaining(w, now)
+            est = self.estimator
+            if w.spec.estimated_duration is None and est is not None:
+                # (most trace jobs) _remaining's first case, inline: a cycle asks
+                # this of every holder it reads
+                rem = memo[w.id] = est.remaining_s(w, attained(w, now))
+            else:
+                rem = memo[w.id] = self._remaining(w, now)
         return rem  # type: ignore[return-value]
 
     def _remaining(self, w: Workload, now: float) -> float | None:
