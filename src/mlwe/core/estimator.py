@@ -168,9 +168,10 @@ class RuntimeEstimator:
         #: prediction uses): a prediction kept from the same epoch, for the same
         #: spec, is exactly what a new one would be
         self._epoch = 0
-        #: id -> (epoch, sample read or None, spec, fixed total; -1: read the
-        #: sample at the attained service; None: no estimate, and for -1 the
-        #: choice that gave the sample)
+        #: id -> (epoch, sample read or None, spec, total, choice): the total is
+        #: fixed, or -1 (read the sample at the attained service), or None (no
+        #: estimate); the choice that decided it, where only the history of run
+        #: times decides (it tells when the basis changes), else None
         self._basis: dict[
             str, tuple[int, _Sample | None, WorkloadSpec, float | None, _Choice | None]
         ] = {}
