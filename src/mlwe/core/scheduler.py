@@ -523,8 +523,10 @@ class Scheduler:
         most = _most_free(cycle.fork)
         nxt = self._first_turn(cycle, rank, most)
         if nxt > rank:
+            unexamined = self._unexamined
             for w in cycle.order[rank:nxt]:
-                self._unexamined(cycle, w, most < 0)
+                if not w.pending_reason:  # (_unexamined's own first test, inline)
+                    unexamined(cycle, w, most < 0)
             cycle.plan.stopped_early += nxt - rank
         return nxt
 
@@ -552,8 +554,10 @@ class Scheduler:
             turn.w, turn.shape, turn.models, turn.exclude, cycle.reservation
         )
         full = not cycle.fork.has_free_gpu()
+        unexamined = self._unexamined
         for rest in cycle.order[turn.rank + 1 :]:
-            self._unexamined(cycle, rest, full)
+            if not rest.pending_reason:  # (_unexamined's own first test, inline)
+                unexamined(cycle, rest, full)
         plan.stopped_early += len(cycle.order) - turn.rank - 1
 
     def _preempt_by_priority(self, cycle: Cycle, turn: Turn) -> bool:
