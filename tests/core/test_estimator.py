@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mlwe.core import Exited, WorkloadSpec
@@ -239,12 +241,12 @@ def test_a_history_basis_outlives_learning_that_leaves_its_choice() -> None:
     read = 0
     basis_of = est._basis_of
 
-    def counted(*args: object) -> object:
+    def counted(*args: Any) -> Any:
         nonlocal read
         read += 1
-        return basis_of(*args)  # type: ignore[arg-type]
+        return basis_of(*args)
 
-    est._basis_of = counted  # type: ignore[method-assign]
+    est._basis_of = counted  # type: ignore[method-assign,assignment]
     for i in range(40):  # other queues: the general keys' records move, cv's choice does not
         est.learn(spec(name="train-bert-1", queue="nlp", gpus=8), 100.0 * (1 + i % 7))
         assert est.remaining_s(w, 100.0 + i) == 400.0 - i
