@@ -307,10 +307,8 @@ class RuntimeEstimator:
         """Bring choice ``c`` to this epoch; its ``since`` moves only if it changed."""
         got = self._choose(c.table, c.keys, c.by_record)
         old = c.got
-        if c.epoch < 0 or (
-            (got is None) != (old is None)
-            or (got is not None and old is not None and (got[0] is not old[0] or got[1] != old[1]))
-        ):
+        # (each key of a list has its own words: the same words, the same sample)
+        if c.epoch < 0 or (None if got is None else got[1]) != (None if old is None else old[1]):
             c.since = self._epoch
         c.got, c.epoch = got, self._epoch
 

@@ -240,14 +240,9 @@ class GainPool:
         """Member ``wid``'s expected remaining time (:func:`expected_left`; NaN: not a number)."""
         left = self._left.get(wid)
         if left is None:
-            # expected_left, inline (a cycle reads this of every viable holder)
-            x = self._holders.members[wid][0]
-            r = self._remaining(x, self._now)
-            if r is None:
-                r = attained(x, self._now)
-                if r < self._prior:
-                    r = self._prior
-            left = self._left[wid] = r
+            left = self._left[wid] = expected_left(
+                self._remaining, self._holders.members[wid][0], self._now, self._prior
+            )
         return left
 
     def candidate_of(self, wid: str, left: float) -> Candidate:
@@ -400,13 +395,11 @@ def could_gain(
     ready = NodeStatus.READY
     freed: dict[str, int] = {}
     later: list[tuple[Workload, float, float, tuple[tuple[str, int], ...]]] = []
-    left_of, candidate_of, lefts = pool.left_of, pool.candidate_of, pool._left
+    left_of, candidate_of = pool.left_of, pool.candidate_of
     for wid in pool.viable(need, nodes, exclude, fork):
         if wid in taken:
             continue
-        left = lefts.get(wid)
-        if left is None:
-            left = left_of(wid)
+        left = left_of(wid)
         if not left >= floor:  # below the floor no candidate passes the test (nor NaN)
             continue
         c = candidate_of(wid, left)

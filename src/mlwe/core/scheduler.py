@@ -236,13 +236,7 @@ class Scheduler:
             return self._remaining(w, now)
         rem = memo.get(w.id, _UNKNOWN)
         if rem is _UNKNOWN:
-            est = self.estimator
-            if w.spec.estimated_duration is None and est is not None:
-                # (most trace jobs) _remaining's first case, inline: a cycle asks
-                # this of every holder it reads
-                rem = memo[w.id] = est.remaining_s(w, attained(w, now))
-            else:
-                rem = memo[w.id] = self._remaining(w, now)
+            rem = memo[w.id] = self._remaining(w, now)
         return rem  # type: ignore[return-value]
 
     def _remaining(self, w: Workload, now: float) -> float | None:
@@ -523,18 +517,21 @@ class Scheduler:
         most = _most_free(cycle.fork)
         nxt = self._first_turn(cycle, rank, most)
         if nxt > rank:
-            unexamined = self._unexamined
-            for w in cycle.order[rank:nxt]:
-                if not w.pending_reason:  # (_unexamined's own first test, inline)
-                    unexamined(cycle, w, most < 0)
-            cycle.plan.stopped_early += nxt - rank
+            self._unexamined(cycle, cycle.order[rank:nxt], most < 0)
         return nxt
 
-    def _unexamined(self, cycle: Cycle, w: Workload, full: bool) -> None:
-        """Why ``w``, passed over without a turn, waits: the reason it already
-        carries, else no free GPU (``full``), no accepted model, or no room."""
-        if w.pending_reason:
-            return
+    def _unexamined(self, cycle: Cycle, passed: list[Workload], full: bool) -> None:
+        """Count ``passed`` as not examined, and say why each waits: the reason it
+        already carries (most do: the pass costs no call for them), else no free
+        GPU (``full``), no accepted model, or no room."""
+        cycle.plan.stopped_early += len(passed)
+        why = self._why_unexamined
+        for w in passed:
+            if not w.pending_reason:
+                why(cycle, w, full)
+
+    def _why_unexamined(self, cycle: Cycle, w: Workload, full: bool) -> None:
+        """The reason passed-over ``w`` waits, when it carries none (see :meth:`_unexamined`)."""
         plan = cycle.plan
         if full:
             plan.pending[w.id] = "no room: no free GPU in the cluster"
@@ -553,12 +550,7 @@ class Scheduler:
         plan.pending[turn.w.id] = why_waiting(
             turn.w, turn.shape, turn.models, turn.exclude, cycle.reservation
         )
-        full = not cycle.fork.has_free_gpu()
-        unexamined = self._unexamined
-        for rest in cycle.order[turn.rank + 1 :]:
-            if not rest.pending_reason:  # (_unexamined's own first test, inline)
-                unexamined(cycle, rest, full)
-        plan.stopped_early += len(cycle.order) - turn.rank - 1
+        self._unexamined(cycle, cycle.order[turn.rank + 1 :], not cycle.fork.has_free_gpu())
 
     def _preempt_by_priority(self, cycle: Cycle, turn: Turn) -> bool:
         """Phase 3e: evict lower-priority (or quota-borrowing) work for ``w``; True if
