@@ -144,10 +144,13 @@ def _placement_latency(cp: ControlPlane, sched: Scheduler, rng: random.Random, s
 
 
 def _preemption_latency(cp: ControlPlane, sched: Scheduler, clock: ManualClock, preemptions: int, nodes: int,
-                        gpus_per_node: int) -> list[float]:
+                        gpus_per_node: int) -> tuple[list[float], list[float]]:
     """Urgent whole-node jobs arrive into the busy cluster; the first ones may still find a
-    free node, the rest must preempt. Only cycles that decide a preemption are timed."""
+    free node, the rest must preempt. Timed: each cycle that decides a preemption, and
+    the cycle after its victims released (the preemptor is placed, and the victims,
+    back in the queue, take their turns: fits, searches, the blocked head's projection)."""
     pre: list[float] = []
+    after: list[float] = []
     for i in range(preemptions + nodes):
         if len(pre) >= preemptions:
             break
@@ -166,7 +169,9 @@ def _preemption_latency(cp: ControlPlane, sched: Scheduler, clock: ManualClock, 
         if w.victims:
             pre.append(dt)
             cp.apply([Released(v, cp.get(v).attempt) for v in w.victims])
+            t = time.perf_counter()
             sched.run_cycle(cp)
+            after.append(time.perf_counter() - t)
         if w.state is State.ADMITTED:
             cp.apply([Start(w.id, w.attempt)])
             cp.apply([Started(w.id, w.attempt)])
@@ -175,7 +180,7 @@ def _preemption_latency(cp: ControlPlane, sched: Scheduler, clock: ManualClock, 
         # the preempted go back to the queue; withdraw them to keep the scenario fixed
         cp.apply([Cancel(q.id) for q in cp.queued_workloads()])
         clock.advance(1.0)
-    return pre
+    return pre, after
 
 
 def bench_core(
@@ -217,7 +222,10 @@ def bench_core(
     lat = _placement_latency(cp, sched, rng, latency_samples)
     # preemption: urgent whole-node jobs arrive into the busy cluster (only cycles that
     # decide a preemption are timed)
-    pre = _preemption_latency(cp, sched, clock, preemptions, nodes, gpus_per_node) if running_now else []
+    pre, after = (
+        _preemption_latency(cp, sched, clock, preemptions, nodes, gpus_per_node)
+        if running_now else ([], [])
+    )
     problems = cp.validate_state()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = {
@@ -237,6 +245,9 @@ def bench_core(
         "preemption_p99_ms": round(_pct(pre, 0.99) * 1000, 3) if pre else None,
         "preemption_mean_ms": round(statistics.fmean(pre) * 1000, 3) if pre else None,
         "preemption_samples": len(pre),
+        # the cycle after a preemption's victims released (one per preemption)
+        "after_preemption_p50_ms": round(_pct(after, 0.5) * 1000, 3) if after else None,
+        "after_preemption_p99_ms": round(_pct(after, 0.99) * 1000, 3) if after else None,
         "invariants_ok": not problems,
         "invariant_checks": cp.invariant_checks,
         "peak_rss_mb": round(rss_mb, 1),
