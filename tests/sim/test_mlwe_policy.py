@@ -88,19 +88,42 @@ def test_placements_say_which_estimate_ranked_them(contended: Trace) -> None:
     assert any("least attained service (no history)" in x for x in ranked)
 
 
+def _scanning_at_most(monkeypatch: pytest.MonkeyPatch, max_scan: int | None) -> None:
+    """Victim searches that examine at most ``max_scan`` nodes (None: as built)."""
+    from mlwe.core.policies.preemption import CheapestVictims
+
+    if max_scan is None:
+        return
+    built = CheapestVictims.__init__
+
+    def init(self: CheapestVictims, *args: object, **kw: object) -> None:
+        built(self, *args, **kw)  # type: ignore[arg-type]
+        self.max_scan = max_scan
+
+    monkeypatch.setattr(CheapestVictims, "__init__", init)
+
+
+#: victim searches over every candidate node, and over a window of 3 of the
+#: contended cluster's 4 nodes (as a cluster larger than ``max_scan`` has them)
+SCANS = pytest.mark.parametrize("max_scan", [None, 3], ids=["every-node", "window"])
+
+
+@SCANS
 def test_a_skipped_gain_search_would_have_found_nothing(
-    contended: Trace, monkeypatch: pytest.MonkeyPatch
+    contended: Trace, monkeypatch: pytest.MonkeyPatch, max_scan: int | None
 ) -> None:
     """The scheduler skips a gain search it knows finds nothing (could_gain on
     the holders reduced once per cycle, or an earlier search of the cycle for the
     same shape by a preemptor expected to end no later). Every skip is checked against the full
     search run in its place: it finds no victim set either, and leaves the same
-    wake time and the same rotating start (so decisions are unchanged)."""
+    wake time and the same rotating start (so decisions are unchanged). Also
+    when a search examines only a window of the nodes from its rotating start."""
     from mlwe.core import scheduler as sched
     from mlwe.core.cycle import Cycle, Turn
     from mlwe.core.gain import expected_left, gain_choice
-    from mlwe.core.policies.preemption import CheapestVictims
+    from mlwe.core.policies.preemption import CheapestVictims, candidate_nodes
 
+    _scanning_at_most(monkeypatch, max_scan)
     skipped: list[str] = []
     searched: list[str] = []
     original = sched.Scheduler._could_gain
@@ -110,8 +133,10 @@ def test_a_skipped_gain_search_would_have_found_nothing(
         assert isinstance(policy, CheapestVictims)
         cursor, wake_before = policy._cursor, self._wake_at
         w = turn.w
+        nodes = candidate_nodes(cycle.fork, turn.shape)
+        start = policy._cursor % len(nodes) if len(nodes) > policy.max_scan else None
         miss = cycle.gain_misses.get(
-            (w.priority, turn.shape, w.spec.replicas, turn.exclude, len(cycle.taken))
+            (w.priority, turn.shape, w.spec.replicas, turn.exclude, len(cycle.taken), start)
         )
         known = miss is not None and miss.r_p <= expected_left(
             self.remaining, w, cycle.now, self.config.gain_prior_s
@@ -139,12 +164,16 @@ def test_a_skipped_gain_search_would_have_found_nothing(
     monkeypatch.setattr(sched.Scheduler, "_could_gain", checked)
     run(contended)
     assert len(skipped) > 100 and searched  # both paths were taken
-    assert gangs  # gangs (several replicas, no per-node cap) are skipped too
-    assert known_misses  # and searches known from an earlier miss of the cycle
+    if max_scan is None:
+        assert gangs  # gangs (several replicas, no per-node cap) are skipped too
+        assert known_misses  # and searches known from an earlier miss of the cycle
+    else:
+        assert not gangs  # a gang's replicas would scan one window after another
 
 
+@SCANS
 def test_a_reservation_left_unprojected_would_have_let_no_search_find_victims(
-    contended: Trace, monkeypatch: pytest.MonkeyPatch
+    contended: Trace, monkeypatch: pytest.MonkeyPatch, max_scan: int | None
 ) -> None:
     """The blocked head's reservation is projected before a later workload may
     preempt (it closes nodes to it), unless no search could find victims even
@@ -155,6 +184,7 @@ def test_a_reservation_left_unprojected_would_have_let_no_search_find_victims(
     from mlwe.core.gain import could_gain
     from mlwe.core.policies.preemption import CheapestVictims
 
+    _scanning_at_most(monkeypatch, max_scan)
     skipped: list[str] = []
     projected: list[str] = []
     exhausted: list[str] = []
@@ -162,19 +192,22 @@ def test_a_reservation_left_unprojected_would_have_let_no_search_find_victims(
 
     def checked(self: sched.Scheduler, cycle: Cycle, turn: Turn) -> bool | None:
         assert not cycle.projected and cycle.head is not None
+        policy = self.preemption
+        assert isinstance(policy, CheapestVictims)
+        before = policy._cursor  # (a window of the nodes starts there)
         got = original(self, cycle, turn)
         if got is None:
             projected.append(turn.w.id)
             return got
-        policy = self.preemption
-        assert isinstance(policy, CheapestVictims)
         cursor, wake, cache = policy._cursor, self._wake_at, self._reservation_cache
         res = self._reserve(cycle.cp, cycle.head, cycle.fork, cycle.now, cycle.dirty)
         self._reservation_cache = cache
         exclude = frozenset()
         if res is not None and not self._ends_before(turn.w, cycle.now, res.start):
             exclude = res.nodes
+        policy._cursor = before  # the nodes the skipped search would have examined
         pool = self._gain_pool(cycle, turn)
+        policy._cursor = cursor
         if cycle.gain_searches >= self.config.max_gain_searches:
             exhausted.append(turn.w.id)  # no gain search is left for it: none runs
         elif isinstance(pool, bool):

@@ -91,9 +91,10 @@ class Cycle:
     #: (:class:`mlwe.core.gain.GainPool`; once per cycle, when a search asks)
     gain_pools: dict[int, GainPool] = field(default_factory=dict)
     #: gain searches known to find nothing, by (priority, shape, replicas, excluded
-    #: nodes, evictions so far): the least expected remaining time of a preemptor
-    #: for which it found nothing
-    gain_misses: dict[tuple[int, Shape, int, frozenset[str], int], GainMiss] = field(
+    #: nodes, evictions so far, the rotating start of the nodes it examines when
+    #: they are a window of the candidates, else None): the least expected
+    #: remaining time of a preemptor for which it found nothing
+    gain_misses: dict[tuple[int, Shape, int, frozenset[str], int, int | None], GainMiss] = field(
         default_factory=dict
     )
     #: the candidate nodes of each tuple of GPU models, as a set

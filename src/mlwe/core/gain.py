@@ -85,7 +85,7 @@ class Holders:
     would give (tests/core/test_journal_readers.py holds them equal)."""
 
     __slots__ = ("_ripening", "_young", "cp", "mark", "members", "node_gpu", "now", "on_node",
-                 "place", "priority")
+                 "place", "priority", "spread")
 
     def __init__(self, cp: ControlPlane, priority: int, now: float) -> None:
         self.cp = cp
@@ -99,6 +99,8 @@ class Holders:
         self.on_node: dict[str, dict[str, None]] = {}
         #: member id -> its place in the control plane's holder order (a sort key)
         self.place: dict[str, tuple[int, int]] = {}
+        #: how many members hold on more than one node (a gang spread out)
+        self.spread = 0
         #: holders that pass but for the minimum quantum, and when each passes it
         #: (a heap with stale entries left in: each is checked when it comes up)
         self._young: dict[str, tuple[Workload, tuple[tuple[str, int], ...]]] = {}
@@ -164,6 +166,8 @@ class Holders:
     def _add(self, wid: str, entry: tuple[Workload, tuple[tuple[str, int], ...]]) -> None:
         self.members[wid] = entry
         self.place[wid] = self.cp.hold_key(entry[0])
+        if _spread(entry[1]):
+            self.spread += 1
         node_gpu, on_node = self.node_gpu, self.on_node
         for node, gpu in entry[1]:
             node_gpu[node] = node_gpu.get(node, 0) + gpu
@@ -179,6 +183,8 @@ class Holders:
             self._young.pop(wid, None)
             return
         del self.place[wid]
+        if _spread(entry[1]):
+            self.spread -= 1
         node_gpu, on_node = self.node_gpu, self.on_node
         for node, gpu in entry[1]:
             node_gpu[node] -= gpu
@@ -188,6 +194,11 @@ class Holders:
                 at.pop(wid, None)  # (a gang with two replicas there: once)
                 if not at:  # (its last member there)
                     del on_node[node], node_gpu[node]
+
+
+def _spread(held: tuple[tuple[str, int], ...]) -> bool:
+    """Whether a holder's replicas (``(node, GPU)`` each) are on more than one node."""
+    return len(held) > 1 and any(node != held[0][0] for node, _ in held)
 
 
 class GainPool:
@@ -227,6 +238,11 @@ class GainPool:
         #: not a number, which passes no victim test: not in the pool)
         self._left: dict[str, float] = {}
         self._full: dict[str, Candidate] = {}
+
+    @property
+    def spread(self) -> int:
+        """How many of the holders it examines hold on more than one node."""
+        return self._holders.spread
 
     @property
     def members(self) -> list[Workload]:

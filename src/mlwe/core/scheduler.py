@@ -648,12 +648,13 @@ class Scheduler:
         got = self._gain_pool(cycle, turn)
         if isinstance(got, bool):
             return got
-        pool, node_set = got
+        pool, node_set, start = got
         w, shape, policy = turn.w, turn.shape, self.preemption
         assert isinstance(policy, CheapestVictims)  # (_gain_pool checked it)
         # an earlier search of this cycle for the same shape and room, by a preemptor
-        # expected to end no later, found nothing: neither does this one (see GainMiss)
-        key = (w.priority, shape, w.spec.replicas, turn.exclude, len(cycle.taken))
+        # expected to end no later, found nothing: neither does this one (see
+        # GainMiss); on a window of the nodes, only from the same start
+        key = (w.priority, shape, w.spec.replicas, turn.exclude, len(cycle.taken), start)
         r_p = expected_left(self.remaining, w, cycle.now, self.config.gain_prior_s)
         miss = cycle.gain_misses.get(key)
         if miss is not None and r_p >= miss.r_p:
@@ -679,12 +680,23 @@ class Scheduler:
 
     def _gain_pool(
         self, cycle: Cycle, turn: Turn
-    ) -> tuple[GainPool, frozenset[str]] | bool:
-        """The cycle's holders of ``turn``'s priority and candidate nodes for its
-        shape, on which :func:`mlwe.core.gain.could_gain` decides whether a gain
-        search could find anything; or, where that test does not apply, the answer
-        known without it (True: only the search can tell; False: it finds nothing).
-        See :meth:`_could_gain` for when it applies."""
+    ) -> tuple[GainPool, frozenset[str], int | None] | bool:
+        """The cycle's holders of ``turn``'s priority and the nodes a search for its
+        shape would examine, on which :func:`mlwe.core.gain.could_gain` decides
+        whether a gain search could find anything, with the rotating start of those
+        nodes when they are a window of the candidate nodes (None: all of them);
+        or, where that test does not apply, the answer known without it (True: only
+        the search can tell; False: it finds nothing). See :meth:`_could_gain` for
+        when it applies.
+
+        With more candidate nodes than the victim policy's ``max_scan``, a search
+        for one replica examines only the ``max_scan`` of them from its rotating
+        start (:meth:`CheapestVictims.window`), and the test is made on those: a
+        large cluster's gain searches that find nothing (each reads the holders of
+        ``max_scan`` nodes) are then skipped like a small one's. Only while every
+        holder it examines holds on one node: a gang holding on several is seen by
+        the search on a node of the window, but its wake time would read its other
+        nodes too."""
         cp, w, shape = cycle.cp, turn.w, turn.shape
         policy = self.preemption
         if (
@@ -700,8 +712,11 @@ class Scheduler:
             # holds anything, and the search returns before it scans
             return lowest < w.priority
         nodes = candidate_nodes(cycle.fork, shape)
-        if not nodes or len(nodes) > policy.max_scan:
-            return bool(nodes)
+        if not nodes:
+            return False
+        windowed = len(nodes) > policy.max_scan
+        if windowed and w.spec.replicas != 1:
+            return True  # a gang's replicas scan one window after another
         pool = cycle.gain_pools.get(w.priority)
         if pool is None:
             holders = self._holders.get(w.priority)
@@ -712,10 +727,15 @@ class Scheduler:
             pool = cycle.gain_pools[w.priority] = GainPool(
                 self.config, self.remaining, cp, w.priority, cycle.now, holders
             )
+        if windowed:
+            if pool.spread:
+                return True
+            start, window = policy.window(nodes)
+            return pool, frozenset(window), start
         node_set = cycle.node_sets.get(shape.models)
         if node_set is None:
             node_set = cycle.node_sets[shape.models] = frozenset(nodes)
-        return pool, node_set
+        return pool, node_set, None
 
     # ------------------------------------------------------------- drain plans
     def _drain_for_gain(self, cycle: Cycle, turn: Turn) -> bool:
@@ -732,7 +752,7 @@ class Scheduler:
         got = self._gain_pool(cycle, turn)
         if isinstance(got, bool):
             return False  # the pool test does not apply
-        pool, node_set = got
+        pool, node_set, _ = got
         possible, _ = could_gain(
             self.config, self.remaining, turn.w, turn.shape, cycle.fork, node_set,
             cycle.taken, turn.exclude, pool, cycle.now, drain=True,

@@ -287,10 +287,14 @@ class CheapestVictims:
 
         One replica is known not to fit (the caller's placement failed); for a
         gang, the search's own first fits are replayed on a copy of ``fork``.
-        The caller checks that the candidate nodes number at most ``max_scan``.
+        The caller checks that a gang's candidate nodes number at most
+        ``max_scan``; one replica's scan examines at most ``max_scan`` of them
+        (:meth:`window`).
         """
         nodes = candidate_nodes(fork, shape)
-        assert len(nodes) <= self.max_scan, "such a search stops before it has seen every node"
+        assert replicas == 1 or len(nodes) <= self.max_scan, (
+            "a gang's search stops before it has seen every node"
+        )
         if replicas > 1:
             f = fork.fork()
             for _ in range(replicas):
@@ -300,8 +304,17 @@ class CheapestVictims:
                 f.allocate(alloc)
             else:
                 return False
-        self._cursor += len(nodes)
+        self._cursor += min(len(nodes), self.max_scan)
         return True
+
+    def window(self, nodes: list[str]) -> tuple[int, list[str]]:
+        """The rotating start in ``nodes`` (a search's candidate nodes) and the nodes
+        the next scan examines if it finds fewer than ``max_candidates``: from the
+        start, wrapping, ``max_scan`` of them at most (as :meth:`_scan` walks them)."""
+        n = len(nodes)
+        start = self._cursor % n
+        end = start + min(n, self.max_scan)
+        return start, nodes[start:end] + nodes[: max(0, end - n)]
 
     def _search(
         self,
