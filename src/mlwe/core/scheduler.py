@@ -643,8 +643,10 @@ class Scheduler:
         a lower priority) and the victim policy is :class:`CheapestVictims`:
         :func:`mlwe.core.gain.could_gain` on the holders reduced once per cycle
         (no node where one replica fits even with victims: no replica that needs
-        them can be placed), with the wake time and rotating start the search
-        would leave; the decisions are the search's, byte for byte."""
+        them can be placed), over the nodes the search would examine (all
+        candidates, or for one replica a window of them: see :meth:`_gain_pool`),
+        with the wake time and rotating start the search would leave; the
+        decisions are the search's, byte for byte."""
         got = self._gain_pool(cycle, turn)
         if isinstance(got, bool):
             return got
