@@ -1,6 +1,6 @@
 """Where a replay's scheduling cycles spend their time, phase by phase, with counts.
 
-    .venv/bin/python benchmarks/cycle_profile.py [--input philly-5000] [--policy mlwe]
+    .venv/bin/python benchmarks/cycle_profile.py [--input philly-5000] [--policy mlwe] [--ceilings]
 
 Replays one input of ``policy_quality.py`` (same trace, cluster and checkpoint
 model) and prints one JSON line:
@@ -26,6 +26,22 @@ replay (the ``overhead`` line says by about how much); compare shares, and
 compare counts between commits (a change meant only to be faster leaves every
 count equal). This is the profile the issue asks for in a note: run it before
 and after a change to the cycle.
+
+``--ceilings`` adds counts that bound what keeping each holder's expected end
+across cycles (instead of reading it anew at every cycle) could save, as a
+``ceilings`` object:
+
+- per gain test, the holders it reads (those on the nodes where victims could
+  make room, not yet taken) and how many of them are expected to run at least
+  the test's floor (``gain_ratio`` x the preemptor's expected run): a structure
+  ordered by expected end could skip the rest unread, never these; and the
+  tests where none reaches the floor (answered without reading any holder);
+- per head projection computed, the holders whose ends it reads and the ends it
+  pops before the head fits (what reading the ends in order would read).
+
+Counting reads each holder's expected remaining time before the test does (the
+cycle's memo then answers the test), so phase timings move between the gain
+test and the counting: compare counts, not times, in such a run.
 """
 
 from __future__ import annotations
@@ -44,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policy_quality import INPUTS
 
 from mlwe.core import controlplane, gain, reconcile, scheduler
-from mlwe.core.policies import preemption
+from mlwe.core.policies import deadline, preemption
 from mlwe.sim import driver
 from mlwe.sim.checkpoint import parse_checkpoint_model
 from mlwe.sim.replay import ReplayConfig, replay
@@ -113,7 +129,50 @@ def _note_triggers(patch: Callable[[Any, str, Any], None]) -> set[str]:
     return triggers
 
 
-def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
+def _count_ceilings(patch: Callable[[Any, str, Any], None], ceilings: Counter[str]) -> None:
+    """Count, alongside the replay, what bounds an incremental holder-end structure's
+    savings (see the module's ``--ceilings``)."""
+    test = scheduler.could_gain
+
+    def counted_test(
+        cfg: Any, remaining: Any, w: Any, shape: Any, fork: Any, nodes: Any, taken: Any,
+        exclude: Any, pool: Any, now: float, *rest: Any, **kw: Any,
+    ) -> Any:
+        floor = cfg.gain_ratio * gain.expected_left(remaining, w, now, cfg.gain_prior_s)
+        read = [x for x in pool.viable(shape.gpu, nodes, exclude, fork) if x not in taken]
+        above = sum(1 for x in read if pool.left_of(x) >= floor)
+        ceilings["gain_tests"] += 1
+        ceilings["gain_test_holders_read"] += len(read)
+        ceilings["gain_test_holders_at_or_above_floor"] += above
+        ceilings["gain_tests_with_none_at_or_above_floor"] += not above
+        return test(cfg, remaining, w, shape, fork, nodes, taken, exclude, pool, now, *rest, **kw)
+
+    patch(scheduler, "could_gain", counted_test)
+    ends = deadline.__dict__["_holder_ends"]
+
+    def counted_ends(*args: Any) -> Any:
+        heap, assumed = ends(*args)
+        ceilings["projections"] += 1
+        ceilings["projection_holders_read"] += len(heap)
+        return heap, assumed
+
+    patch(deadline, "_holder_ends", counted_ends)
+    heapq = deadline.heapq
+
+    class CountedHeap:
+        """The projection's heapq, counting its pops (the ends read in order)."""
+
+        heapify, heappush = staticmethod(heapq.heapify), staticmethod(heapq.heappush)
+
+        @staticmethod
+        def heappop(heap: list[Any]) -> Any:
+            ceilings["projection_ends_popped"] += 1
+            return heapq.heappop(heap)
+
+    patch(deadline, "heapq", CountedHeap)
+
+
+def profile(name: str, policy: str, checkpoint: str, ceilings: bool = False) -> dict[str, Any]:
     load, _, _ = INPUTS[name]
     trace = load()
     timers = Timers()
@@ -168,6 +227,9 @@ def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
         return choice(*args, **kw)
 
     patch(scheduler, "gain_choice", counted_choice)
+    bounds: Counter[str] = Counter()
+    if ceilings:
+        _count_ceilings(patch, bounds)
     t0 = time.process_time()
     try:
         r = replay(trace, ReplayConfig(policy=policy, checkpoint=parse_checkpoint_model(checkpoint)))
@@ -181,7 +243,7 @@ def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
     counts["head_projections"] = timers.calls["project_head"]
     counts["gain_tests"] = timers.calls["gain_test"]
     counts["victim_selects"] = timers.calls["victim_search"]
-    return {
+    out: dict[str, Any] = {
         "input": name,
         "policy": policy,
         "jobs": len(trace.jobs),
@@ -198,6 +260,9 @@ def profile(name: str, policy: str, checkpoint: str) -> dict[str, Any]:
         "share_by_phase": {k: round(v / total, 3) for k, v in sorted(spent.items(), key=lambda x: -x[1])},
         "overhead": "timers on every phase call: compare shares and counts, not this CPU figure",
     }
+    if ceilings:
+        out["ceilings"] = dict(sorted(bounds.items()))
+    return out
 
 
 def main() -> None:
@@ -205,10 +270,12 @@ def main() -> None:
     ap.add_argument("--input", default="philly-5000", help=f"one of {', '.join(INPUTS)}")
     ap.add_argument("--policy", default="mlwe")
     ap.add_argument("--checkpoint", default="periodic:1800,cost=0,restart=60")
+    ap.add_argument("--ceilings", action="store_true",
+                    help="count what an incremental holder-end structure could save at most")
     args = ap.parse_args()
     if args.input not in INPUTS:
         sys.exit(f"unknown input {args.input!r}; known: {', '.join(INPUTS)}")
-    print(json.dumps(profile(args.input, args.policy, args.checkpoint)), flush=True)
+    print(json.dumps(profile(args.input, args.policy, args.checkpoint, args.ceilings)), flush=True)
 
 
 if __name__ == "__main__":
