@@ -31,7 +31,8 @@ and after a change to the cycle.
 across cycles (instead of reading it anew at every cycle) could save, as a
 ``ceilings`` object:
 
-- per gain test, the holders it reads (those on the nodes where victims could
+- per gain test computed (``could_gain`` run: the ``gain_tests`` of the counts
+  include those a remembered miss answered), the holders it reads (those on the nodes where victims could
   make room, not yet taken) and how many of them are expected to run at least
   the test's floor (``gain_ratio`` x the preemptor's expected run): a structure
   ordered by expected end could skip the rest unread, never these; and the
@@ -141,7 +142,7 @@ def _count_ceilings(patch: Callable[[Any, str, Any], None], ceilings: Counter[st
         floor = cfg.gain_ratio * gain.expected_left(remaining, w, now, cfg.gain_prior_s)
         read = [x for x in pool.viable(shape.gpu, nodes, exclude, fork) if x not in taken]
         above = sum(1 for x in read if pool.left_of(x) >= floor)
-        ceilings["gain_tests"] += 1
+        ceilings["gain_tests_computed"] += 1
         ceilings["gain_test_holders_read"] += len(read)
         ceilings["gain_test_holders_at_or_above_floor"] += above
         ceilings["gain_tests_with_none_at_or_above_floor"] += not above
@@ -152,7 +153,7 @@ def _count_ceilings(patch: Callable[[Any, str, Any], None], ceilings: Counter[st
 
     def counted_ends(*args: Any) -> Any:
         heap, assumed = ends(*args)
-        ceilings["projections"] += 1
+        ceilings["projections_computed"] += 1
         ceilings["projection_holders_read"] += len(heap)
         return heap, assumed
 
