@@ -32,11 +32,12 @@ across cycles (instead of reading it anew at every cycle) could save, as a
 ``ceilings`` object:
 
 - per gain test computed (``could_gain`` run: the ``gain_tests`` of the counts
-  include those a remembered miss answered), the holders it reads (those on the nodes where victims could
-  make room, not yet taken) and how many of them are expected to run at least
-  the test's floor (``gain_ratio`` x the preemptor's expected run): a structure
-  ordered by expected end could skip the rest unread, never these; and the
-  tests where none reaches the floor (answered without reading any holder);
+  include those a remembered miss answered), the holders it reads (those on the
+  nodes where victims could make room, not yet taken) and how many of them are
+  expected to run at least the test's floor (``gain_ratio`` x the preemptor's
+  expected run): a structure ordered by expected end could skip the rest unread,
+  never these; and the tests where none reaches the floor (answered without
+  reading any holder);
 - per head projection computed, the holders whose ends it reads and the ends it
   pops before the head fits (what reading the ends in order would read).
 
