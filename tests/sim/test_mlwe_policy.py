@@ -134,7 +134,7 @@ def test_a_skipped_gain_search_would_have_found_nothing(
         cursor, wake_before = policy._cursor, self._wake_at
         w = turn.w
         nodes = candidate_nodes(cycle.fork, turn.shape)
-        start = policy._cursor % len(nodes) if len(nodes) > policy.max_scan else None
+        start = policy.window(nodes)[0] if len(nodes) > policy.max_scan else None
         miss = cycle.gain_misses.get(
             (w.priority, turn.shape, w.spec.replicas, turn.exclude, len(cycle.taken), start)
         )

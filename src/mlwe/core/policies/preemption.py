@@ -390,14 +390,12 @@ class CheapestVictims:
         the cheapest candidate, all of them, and how many nodes were examined."""
         best: _Candidate | None = None
         found: list[_Candidate] = []
-        n = len(nodes)
-        start = self._cursor % n
+        _, window = self.window(nodes)  # (what a gain test reads for such a scan)
         scanned = 0
         holders, workloads, status = cp.on_node.get, cp.workloads, f.status
         ready = NodeStatus.READY
-        for i in range(n):
-            node = nodes[start + i - n]  # from the cursor, wrapping (a negative index first)
-            scanned += 1
+        for i, node in enumerate(window):
+            scanned = i + 1
             if node not in excl and status(node) is ready:
                 vs = []
                 for wid in holders(node, ()):
@@ -415,8 +413,6 @@ class CheapestVictims:
                             best = cand
                         if len(found) >= self.max_candidates:
                             break
-            if scanned >= self.max_scan:
-                break
         self._cursor += scanned
         return best, found, scanned
 
