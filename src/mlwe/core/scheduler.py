@@ -12,6 +12,8 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import compress, count, islice
+from operator import attrgetter
 from typing import Any
 
 from mlwe.core.actions import Action, Place, Preempt, PreemptReason
@@ -72,6 +74,8 @@ from mlwe.core.spec import NodeStatus, WorkloadSpec
 
 #: a workload the cycle's memo of expected remaining times has no answer for yet
 _UNKNOWN = object()
+#: what Scheduler._first_turn reads of each workload in the order when no GPU is free
+_VICTIMS = attrgetter("victims")
 
 
 @contextmanager
@@ -485,12 +489,18 @@ class Scheduler:
         if kept is not None and kept[0] == rank and kept[1] == most:
             return kept[2]
         order = cycle.order
-        r, n = rank, len(order)
-        while r < n:
-            w = order[r]
-            if w.victims or w.spec.resources.gpu // FULL <= most:
-                break
-            r += 1
+        n = len(order)
+        if most < 0:
+            # no GPU is free: only a workload with victims takes a turn, and a long
+            # queue's turns are passed over here, so they are read in C
+            r = next(compress(count(rank), map(_VICTIMS, islice(order, rank, None))), n)
+        else:
+            r = rank
+            while r < n:
+                w = order[r]
+                if w.victims or w.spec.resources.gpu // FULL <= most:
+                    break
+                r += 1
         cycle.first_turn = (rank, most, r)
         return r
 
