@@ -8,7 +8,9 @@ line per policy: its p99 JCT, and of the jobs whose JCT is at or above it (the
 tail), how many were preempted and how often, the split of their JCT between
 running and not running (queued first, waiting again after a preemption), and the
 ``--show`` longest of them, each with its JCT under every other policy. The last
-line compares the tails: the jobs in one policy's tail that are not in another's.
+line compares the tails: the jobs in one policy's tail and in no other's, those
+in every tail, and each policy's p99 over the last policy's (``--policies``
+order: fifo-backfill's by default, the bound of the issue's p99 target).
 
 It answers the question a p99 target raises: is the tail made of jobs that
 waited long before they first started (what FIFO does to a job arriving behind a
