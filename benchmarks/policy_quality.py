@@ -98,7 +98,7 @@ def _target(value: Any, bound: Any, ok: bool) -> dict[str, Any]:
 
 
 #: mlwe's own policies: never a baseline of another's targets
-OURS = frozenset({"mlwe", "mlwe-drain", "variant"})
+OURS = frozenset({"mlwe", "mlwe-drain", "mlwe-rewait", "variant"})
 
 
 def targets(kind: str, by: dict[str, dict[str, Any]], candidate: str = "mlwe") -> dict[str, Any]:

@@ -9,6 +9,7 @@ fork changes a status, node lists per tuple of models kept between searches).
 from __future__ import annotations
 
 import gc
+import itertools
 import pickle
 import random
 from typing import Any
@@ -22,6 +23,8 @@ from mlwe.core.gain import (
     Candidate,
     GainAsk,
     GainPool,
+    Holders,
+    Rewaits,
     cost_of,
     could_gain,
     expected_left,
@@ -30,6 +33,7 @@ from mlwe.core.gain import (
 from mlwe.core.lifecycle import QUEUED, State
 from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import Remaining
+from mlwe.core.policies.ordering import attained
 from mlwe.core.policies.preemption import (
     EVICTABLE,
     GANG_PENALTY_GPU_S,
@@ -181,7 +185,8 @@ def test_a_stamped_decision_record_is_replace_with_its_stamp_and_keeps_every_fie
 
 # ---------------------------------------------------------------- gain candidates
 def _reference_candidates(
-    cfg: SchedulerConfig, remaining: Remaining, cp: ControlPlane, priority: int, now: float
+    cfg: SchedulerConfig, remaining: Remaining, cp: ControlPlane, priority: int, now: float,
+    rewaits: Rewaits | None = None,
 ) -> list[Candidate]:
     """The gain pool's candidates as the rules state them, one model method per field (what the
     inlined loop must equal, field for field)."""
@@ -207,8 +212,27 @@ def _reference_candidates(
             evictable=preemptible(v, now) is None,
             held=tuple((a.node, a.res.gpu) for a in v.placement),
             v=v,
+            rewait=0.0 if rewaits is None or cfg.gain_rewait_quantile is None else rewaits.expect(
+                v.priority, max(v.gpus(), 1e-3) * max(0.0, attained(v, now) - v.work_at_risk(now)),
+                cfg.gain_rewait_quantile, cfg.gain_rewait_min_runs,
+            ),
         ))
     return out
+
+
+def _seeded_rewaits(rng: random.Random) -> Rewaits:
+    """Waits of evicted workloads in every class a test's holders may fall in."""
+    rewaits = Rewaits()
+    for k in range(24):
+        for priority in (50, 60):
+            for _ in range(rng.randint(0, 4)):
+                rewaits.record(priority, 2.0**k, rng.choice([10.0, rng.uniform(100, 400_000)]))
+    return rewaits
+
+
+#: the gain test counting the victims' re-waits (one learned wait is enough)
+REWAIT_CFG = SchedulerConfig(gain_preemption=True, gain_rewait_quantile=0.9,
+                             gain_rewait_min_runs=2)
 
 
 def test_gain_pool_candidates_are_the_rules_field_for_field() -> None:
@@ -236,17 +260,19 @@ def test_gain_pool_candidates_are_the_rules_field_for_field() -> None:
         v.last_checkpoint_at = rng.choice([None, (v.started_at or 0.0) + rng.uniform(0, 3000)])
         v.progress = rng.choice([0.0, 0.3, 0.7])
         v.preemptions = rng.choice([0, 1, GAIN_MAX_PREEMPTIONS])
-    cfg = SchedulerConfig(gain_preemption=True)
+    rewaits = _seeded_rewaits(rng)
 
     def user_only(w: Workload, now: float) -> float | None:
         return w.remaining_estimate(now)
 
-    for step in range(30):
+    for step, cfg in itertools.product(range(30), (SchedulerConfig(gain_preemption=True),
+                                                   REWAIT_CFG)):
         now = clock.now() + step * 97.3
         for remaining in (user_only, sched.remaining):
             for priority in (50, 60):
-                pool = GainPool(cfg, remaining, cp, priority, now)
-                want = _reference_candidates(cfg, remaining, cp, priority, now)
+                pool = GainPool(cfg, remaining, cp, priority, now,
+                                Holders(cp, priority, now, rewaits))
+                want = _reference_candidates(cfg, remaining, cp, priority, now, rewaits)
                 # a search reads the candidates down to its floor, longest first
                 floor = sorted(c.left for c in want)[len(want) // 2] if want else 0.0
                 reached = list(pool.reaching(floor))
@@ -256,6 +282,7 @@ def test_gain_pool_candidates_are_the_rules_field_for_field() -> None:
                 got = pool.all()
                 assert got == want
     assert any(c.loss for c in got) and any(not c.evictable for c in got)
+    assert any(c.rewait for c in got) and not all(c.rewait for c in got)
 
 
 def test_a_gain_search_reads_the_pool_as_it_reads_the_rules() -> None:
@@ -263,22 +290,24 @@ def test_a_gain_search_reads_the_pool_as_it_reads_the_rules() -> None:
     cost, wait and loss, with the estimator asked directly) is what the rules say
     of it: the same victims, gain, cost and wake time for every preemptor, and
     the cheap bound test says what the reasons say."""
-    # a search that finds victims and one that finds none but names a wake time
-    # are both compared: seeded scenarios until both have been (what one scenario
-    # yields moves with the default policy's estimates)
-    found = missed = 0
-    for seed in range(11, 31):
-        f, m = _pool_and_rules_agree(seed)
-        found, missed = found + f, missed + m
-        if found and missed:
+    # a search that finds victims, one that finds none but names a wake time,
+    # and one whose answer the victims' re-waits change are all compared: seeded
+    # scenarios until each has been (what one scenario yields moves with the
+    # default policy's estimates)
+    found = missed = moved = 0
+    for seed in range(11, 41):
+        f, m, r = _pool_and_rules_agree(seed)
+        found, missed, moved = found + f, missed + m, moved + r
+        if found and missed and moved:
             break
-    assert found and missed
+    assert found and missed and moved
 
 
-def _pool_and_rules_agree(seed: int) -> tuple[int, int]:
+def _pool_and_rules_agree(seed: int) -> tuple[int, int, int]:
     """One seeded scenario of the test above: how many searches found victims,
-    and how many found none but named a wake time (each asserted equal with and
-    without the pool)."""
+    how many found none but named a wake time (each asserted equal with and
+    without the pool, with and without the victims' re-waits counted), and how
+    many answered otherwise once the re-waits counted."""
     rng = random.Random(seed)
     cp, clock = cluster(*(gpu_node(f"n{i}", gpus=8) for i in range(6)))
     sched = default_scheduler()
@@ -317,23 +346,30 @@ def _pool_and_rules_agree(seed: int) -> tuple[int, int]:
         v.preemptions = rng.choice([0, 0, 1, GAIN_MAX_PREEMPTIONS])
     waiting = [w for w in cp.workloads.values() if w.state in QUEUED]
     assert len(waiting) > 10 and sched.estimator is not None and sched.estimator.learned > 5
-    cfg, found, missed = SchedulerConfig(gain_preemption=True), 0, 0
+    found = missed = moved = 0
+    rewaits = _seeded_rewaits(rng)
     for step in range(8):
         now = clock.now() + step * 613.7
         for p in waiting:
             for v in (cp.workloads[w] for w in cp.holder_ids()):
                 assert gain_allowed(p, v, now) is not bool(gain_violations(p, v, now))
-            pool = GainPool(cfg, sched.remaining, cp, p.priority, now)
             _, shape = sched.shape_for(cp, p)
-            answers = []
-            for with_pool in (None, pool):
-                ask = GainAsk(cfg, sched.remaining, CheapestVictims(), cp, cp.capacity.fork(),
-                              p, shape, set(), frozenset(), now, with_pool)
-                answers.append(gain_choice(ask))
-            assert answers[0] == answers[1]
-            found += answers[0][0] is not None
-            missed += answers[0][0] is None and answers[0][1] < float("inf")
-    return found, missed
+            per_cfg = []
+            for cfg in (SchedulerConfig(gain_preemption=True), REWAIT_CFG):
+                pool = GainPool(cfg, sched.remaining, cp, p.priority, now,
+                                Holders(cp, p.priority, now, rewaits))
+                answers = []
+                for with_pool in (None, pool):
+                    ask = GainAsk(cfg, sched.remaining, CheapestVictims(), cp,
+                                  cp.capacity.fork(), p, shape, set(), frozenset(), now,
+                                  with_pool, rewaits)
+                    answers.append(gain_choice(ask))
+                assert answers[0] == answers[1]
+                found += answers[0][0] is not None
+                missed += answers[0][0] is None and answers[0][1] < float("inf")
+                per_cfg.append(answers[0])
+            moved += per_cfg[0] != per_cfg[1]
+    return found, missed, moved
 
 
 def test_holder_ids_are_kept_until_holding_changes() -> None:

@@ -147,7 +147,7 @@ def test_a_holder_that_started_at_time_zero_ripened_then() -> None:
     assert c is not None and c.loss <= CFG.gain_wait_share * 8 * c.wait
     fork = cp.capacity.fork()
     wake = joint_wake(
-        [(v, c.left, c.wait, c.held)], left["short"], CFG.gain_ratio,
+        [(v, c.left, c.wait, c.held, c.rewait)], left["short"], CFG.gain_ratio,
         CFG.gain_wait_share * 8, shape.gpu, fork, frozenset(candidate_nodes(fork, shape)),
         frozenset(), now,
     )
@@ -231,11 +231,11 @@ def test_holders_off_the_candidate_nodes_or_that_never_checkpoint_wake_nobody() 
     clock.advance(GAIN_MIN_QUANTUM_S + 500)
     a = cp.get("a")
     fork = cp.capacity.fork()
-    later = [(a, 1e6, (a.next_checkpoint(clock.now()) or 0) - clock.now(), (("n0", 8000),))]
+    later = [(a, 1e6, (a.next_checkpoint(clock.now()) or 0) - clock.now(), (("n0", 8000),), 0.0)]
     now = clock.now()
     assert joint_wake(later, 600.0, 2.0, 0.4, 8000, fork, frozenset(), frozenset(), now) == INF
     assert joint_wake(later, 600.0, 2.0, 0.4, 8000, fork, {"n0"}, {"n0"}, now) == INF
     got = joint_wake(later, 600.0, 2.0, 0.4, 8000, fork, {"n0"}, frozenset(), now)
     assert got == pytest.approx((a.next_checkpoint(now) or 0) + 1e-6)
-    never = [(a, 1e6, 0.0, (("n0", 8000),))]  # no checkpoint: nothing changes with time
+    never = [(a, 1e6, 0.0, (("n0", 8000),), 0.0)]  # no checkpoint: nothing changes with time
     assert joint_wake(never, 600.0, 2.0, 0.4, 8000, fork, {"n0"}, frozenset(), now) == INF

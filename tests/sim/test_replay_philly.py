@@ -16,7 +16,7 @@ from mlwe.sim.baselines import POLICIES
 from mlwe.sim.replay import ReplayConfig, ReplayResult, replay
 from mlwe.sim.traces import Trace, load_trace
 
-PREEMPTIVE = {"mlwe", "mlwe-drain", "srtf", "srtf-free", "tiresias", "tiresias-free"}  # may preempt
+PREEMPTIVE = {"mlwe", "mlwe-drain", "mlwe-rewait", "srtf", "srtf-free", "tiresias", "tiresias-free"}  # may preempt
 METRIC_KEYS = {
     "trace", "policy", "policy_semantics", "jobs", "completed", "unfinished",
     "avg_jct_s", "median_jct_s", "p99_jct_s", "avg_queue_delay_s", "makespan_s",
@@ -72,5 +72,5 @@ def test_first_300_philly_jobs_on_64_gpus(policy: str, philly_300_small: Trace) 
         assert m["avg_jct_s"] > sum(j.duration for j in philly_300_small.jobs) / 300
     else:
         assert m["avg_queue_delay_s"] > 0
-    if policy in PREEMPTIVE - {"mlwe", "mlwe-drain"}:
+    if policy in PREEMPTIVE - {"mlwe", "mlwe-drain", "mlwe-rewait"}:
         assert m["preemptions"] > 0

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import heapq
 import inspect
+import math
+from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Callable, Container, Iterator, Sequence
 from functools import lru_cache
 from operator import itemgetter
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from mlwe.core.capacity import CapacityIndex, ReplicaAlloc, Shape
 from mlwe.core.controlplane import ControlPlane
+from mlwe.core.lifecycle import State
 from mlwe.core.model import Workload
 from mlwe.core.policies.deadline import INF
 from mlwe.core.policies.ordering import attained
@@ -37,6 +41,117 @@ _EVICTABLE_STATES = frozenset(EVICTABLE)
 
 #: victims, expected gain and cost (GPU-seconds), and the reason text
 GainChoice = tuple[VictimChoice, float, float, str]
+
+
+class Rewaits:
+    """How long evicted workloads waited before they were placed again, learned
+    from the restarts seen so far: what a gain decision takes as the delay of a
+    victim it evicts now, instead of assuming the victim resumes as soon as its
+    preemptor ends.
+
+    Under a size-aware order an evicted workload goes back behind everything
+    that has had less service than it, so the more service it has had, the
+    longer it waits: the waits are kept per priority and per the evicted
+    workload's saved service in GPU-seconds, in powers of two. A wait is read
+    only once the workload has been placed again (from its history), so what
+    is learned is what a scheduler has seen, never how long a workload still
+    waiting will wait. Each class keeps its latest :attr:`KEEP` waits."""
+
+    __slots__ = ("_order", "_seen", "_sorted")
+
+    #: waits kept per class (the oldest is forgotten first)
+    KEEP = 512
+    #: placements kept to tell a restart already learned (then forgotten at once)
+    SEEN = 1 << 18
+
+    def __init__(self) -> None:
+        #: (workload id, moment of its eviction) already learned
+        self._seen: set[tuple[str, float]] = set()
+        #: (priority, service class) -> waits in arrival order, and the same sorted
+        self._order: dict[tuple[int, int], deque[float]] = {}
+        self._sorted: dict[tuple[int, int], list[float]] = {}
+
+    @staticmethod
+    def service_class(gpu_s: float) -> int:
+        """The class of ``gpu_s`` GPU-seconds of saved service: floor(log2(1 + gpu_s))
+        (0 for none, or for a figure that is not a finite positive number)."""
+        if not gpu_s > 0.0:
+            return 0
+        if not gpu_s < 2.0**62:
+            return 62
+        return int(math.log2(1.0 + gpu_s))
+
+    def observe(self, v: Workload) -> None:
+        """Learn ``v``'s wait since its last eviction, if it has been placed again
+        since (and that wait is not learned yet)."""
+        if not v.preemptions:
+            return
+        placed = None
+        for t in reversed(v.history):
+            if t.target is State.PREEMPTED:
+                break
+            if t.target is State.ADMITTED:
+                placed = t.time
+        else:
+            return
+        if placed is None:
+            return
+        key = (v.id, t.time)
+        if key in self._seen:
+            return
+        if len(self._seen) >= self.SEEN:
+            self._seen.clear()
+        self._seen.add(key)
+        # what it had saved when it was evicted: what its current run resumed
+        # from, or, not started yet, all it has saved
+        base = v.work_done if v.started_at is None else v.run_base_work
+        self.record(v.priority, max(v.gpus(), 1e-3) * base, placed - t.time)
+
+    def record(self, priority: int, gpu_s: float, wait: float) -> None:
+        """Learn that a workload of ``priority`` evicted with ``gpu_s`` GPU-seconds of
+        saved service waited ``wait`` seconds to be placed again (a wait that is
+        not a finite number is not learned; a negative one counts as 0.0)."""
+        if not math.isfinite(wait):
+            return
+        wait = max(0.0, wait)
+        cls = (priority, self.service_class(gpu_s))
+        order = self._order.get(cls)
+        if order is None:
+            order = self._order[cls] = deque()
+            self._sorted[cls] = []
+        waits = self._sorted[cls]
+        if len(order) >= self.KEEP:
+            del waits[bisect_left(waits, order.popleft())]
+        order.append(wait)
+        insort(waits, wait)
+
+    def waits(self, priority: int, gpu_s: float) -> list[float]:
+        """The waits learned for workloads of ``priority`` evicted with ``gpu_s``
+        GPU-seconds of saved service (sorted; a copy)."""
+        return list(self._sorted.get((priority, self.service_class(gpu_s)), ()))
+
+    def expect(self, priority: int, gpu_s: float, quantile: float, min_runs: int) -> float:
+        """The ``quantile`` of those waits, or 0.0 with fewer than ``min_runs`` of them."""
+        waits = self._sorted.get((priority, self.service_class(gpu_s)))
+        if waits is None or len(waits) < max(1, min_runs):
+            return 0.0
+        return waits[min(len(waits) - 1, int(quantile * len(waits)))]
+
+
+def saved_gpu_s(v: Workload, now: float) -> float:
+    """The service ``v`` would keep if evicted now, in GPU-seconds: its GPUs x the
+    work it has done less what it would lose (the class :class:`Rewaits` reads)."""
+    return max(v.gpus(), 1e-3) * max(0.0, attained(v, now) - v.work_at_risk(now))
+
+
+def victim_rewait(cfg: SchedulerConfig, rewaits: Rewaits | None, v: Workload, now: float) -> float:
+    """What a gain decision takes as ``v``'s wait to be placed again if evicted now
+    (:class:`Rewaits` at ``cfg.gain_rewait_quantile``; 0.0 when that is off, or with
+    too little learned)."""
+    q = cfg.gain_rewait_quantile
+    if q is None or rewaits is None:
+        return 0.0
+    return rewaits.expect(v.priority, saved_gpu_s(v, now), q, cfg.gain_rewait_min_runs)
 
 
 def expected_left(
@@ -68,6 +183,8 @@ class Candidate(NamedTuple):
     held: tuple[tuple[str, int], ...]
     #: the holder itself (what :func:`joint_wake` reads of it at a later moment)
     v: Workload
+    #: its expected wait to be placed again if evicted now (:func:`victim_rewait`)
+    rewait: float = 0.0
 
 
 class Holders:
@@ -85,10 +202,15 @@ class Holders:
     would give (tests/core/test_journal_readers.py holds them equal)."""
 
     __slots__ = ("_ripening", "_young", "cp", "mark", "members", "node_gpu", "now", "on_node",
-                 "place", "priority", "spread")
+                 "place", "priority", "rewaits", "spread")
 
-    def __init__(self, cp: ControlPlane, priority: int, now: float) -> None:
+    def __init__(
+        self, cp: ControlPlane, priority: int, now: float, rewaits: Rewaits | None = None
+    ) -> None:
+        """``rewaits``: where the waits of evicted holders placed again are learned
+        (every holder it admits, of any priority, is shown to it)."""
         self.cp = cp
+        self.rewaits = rewaits
         self.priority = priority
         self.now = now
         self.mark = cp.journal_mark()
@@ -147,6 +269,8 @@ class Holders:
         return True
 
     def _admit(self, v: Workload, now: float) -> None:
+        if self.rewaits is not None and v.preemptions:
+            self.rewaits.observe(v)
         p = v.priority_override
         started = v.started_at
         if (
@@ -218,7 +342,7 @@ class GainPool:
     down to a floor (a victim must be expected to run at least ``gain_ratio``
     times longer than its preemptor), for a reader that wants them in that order."""
 
-    __slots__ = ("_full", "_holders", "_left", "_now", "_prior", "_remaining")
+    __slots__ = ("_cfg", "_full", "_holders", "_left", "_now", "_prior", "_remaining")
 
     def __init__(
         self,
@@ -232,6 +356,7 @@ class GainPool:
         """``holders``: those of ``priority`` on ``cp`` as of ``now`` (read anew if not given)."""
         self._now = now
         self._remaining = remaining
+        self._cfg = cfg
         self._prior = cfg.gain_prior_s
         self._holders = holders if holders is not None else Holders(cp, priority, now)
         #: expected remaining time per member, once read (NaN: an estimate that is
@@ -329,8 +454,9 @@ class GainPool:
     def _candidate(
         self, left: float, v: Workload, held: tuple[tuple[str, int], ...]
     ) -> Candidate:
-        """The rest of ``v``'s candidate: inline, v.work_at_risk(now), cost_of(v, now)
-        and preemptible(v, now) (tests/core/test_cycle_costs.py holds them equal)."""
+        """The rest of ``v``'s candidate: inline, v.work_at_risk(now), cost_of(v, now),
+        preemptible(v, now) and victim_rewait (tests/core/test_cycle_costs.py holds
+        them equal)."""
         now = self._now
         spec = v.spec
         started = v.started_at
@@ -351,6 +477,7 @@ class GainPool:
             ),
             held,
             v,
+            victim_rewait(self._cfg, self._holders.rewaits, v, now),
         )
 
 
@@ -367,6 +494,12 @@ def _held(v: Workload) -> tuple[tuple[str, int], ...]:
             _HELD.clear()
         got = _HELD[v.id] = (v.placement, tuple((a.node, a.res.gpu) for a in v.placement))
     return got[1]
+
+
+#: an equal a gain search passed over that may pass at a later moment: the holder,
+#: its expected remaining time, seconds to its next checkpoint (0.0: it takes
+#: none), where it holds what GPU, and its expected re-wait (:class:`Candidate`'s)
+Later = tuple[Workload, float, float, tuple[tuple[str, int], ...], float]
 
 
 def could_gain(
@@ -410,7 +543,7 @@ def could_gain(
     status, free_gpu = fork.status, fork.free_gpu
     ready = NodeStatus.READY
     freed: dict[str, int] = {}
-    later: list[tuple[Workload, float, float, tuple[tuple[str, int], ...]]] = []
+    later: list[Later] = []
     left_of, candidate_of = pool.left_of, pool.candidate_of
     for wid in pool.viable(need, nodes, exclude, fork):
         if wid in taken:
@@ -419,12 +552,13 @@ def could_gain(
         if not left >= floor:  # below the floor no candidate passes the test (nor NaN)
             continue
         c = candidate_of(wid, left)
-        if not left > r_p + c.cost:
-            if not drain and may_outlast(left, r_p, c.v):
-                later.append((c.v, left, c.wait, c.held))  # passes once its cost is lower
+        rewait = c.rewait
+        if not left > (rewait if rewait > r_p else r_p) + c.cost:
+            if not drain and may_outlast(left, r_p, c.v, rewait):
+                later.append((c.v, left, c.wait, c.held, rewait))  # passes once its cost is lower
             continue  # the test first: it turns most candidates away, and costs nothing
         if not drain and c.loss > budget * c.wait:  # loses too much now: wait for its checkpoint
-            later.append((c.v, left, c.wait, c.held))
+            later.append((c.v, left, c.wait, c.held, rewait))
             continue
         if c.evictable:
             for node, gpu in c.held:
@@ -433,7 +567,7 @@ def could_gain(
                     if free_gpu(node) + got >= need:
                         return True, INF  # found (the wake time is read only on a miss)
         if not drain:
-            later.append((c.v, left, c.wait, c.held))
+            later.append((c.v, left, c.wait, c.held, rewait))
     if drain or not later:
         return False, INF
     return False, joint_wake(
@@ -441,11 +575,12 @@ def could_gain(
     )
 
 
-def may_outlast(left: float, r_p: float, v: Workload) -> bool:
-    """Whether holder ``v``, expected to run ``left`` seconds more, may pass
-    :func:`outlasts`'s cost bar against a preemptor expected to run ``r_p`` at some
-    moment: just after a checkpoint its cost is only its restore and pause."""
-    return left > r_p + v.spec.restart_cost + v.spec.checkpoint_cost
+def may_outlast(left: float, r_p: float, v: Workload, rewait: float = 0.0) -> bool:
+    """Whether holder ``v``, expected to run ``left`` seconds more (and to wait
+    ``rewait`` to be placed again if evicted), may pass :func:`outlasts`'s cost
+    bar against a preemptor expected to run ``r_p`` at some moment: just after a
+    checkpoint its cost is only its restore and pause."""
+    return left > max(r_p, rewait) + v.spec.restart_cost + v.spec.checkpoint_cost
 
 
 def holder_at(v: Workload, t: float, budget: float) -> tuple[float, bool, bool]:
@@ -469,7 +604,7 @@ def holder_at(v: Workload, t: float, budget: float) -> tuple[float, bool, bool]:
 
 
 def joint_wake(
-    later: Sequence[tuple[Workload, float, float, tuple[tuple[str, int], ...]]],
+    later: Sequence[Later],
     r_p: float,
     ratio: float,
     budget: float,
@@ -485,10 +620,12 @@ def joint_wake(
     only the clock moved (INF: none).
 
     ``later``: the equals it may consider (holder, expected remaining time,
-    seconds to its next checkpoint or 0.0 if it takes none, and where it holds
-    what GPU, as :class:`Candidate` has them), each
-    expected to run ``ratio`` times longer than the preemptor (``r_p``) and
-    longer than it plus its restore and checkpoint pause. On a ready node of
+    seconds to its next checkpoint or 0.0 if it takes none, where it holds
+    what GPU, and its expected wait to be placed again if evicted, as
+    :class:`Candidate` has them), each expected to run ``ratio`` times longer
+    than the preemptor (``r_p``) and longer than the longer of that and its
+    re-wait (as of ``now``: its class of saved service moves only with its
+    checkpoints), plus its restore and checkpoint pause. On a ready node of
     ``nodes`` outside ``exclude``, the free GPU plus that of the holders there
     that then pass the test (:func:`holder_at`: cheap enough to evict, costing
     little enough, evictable) must reach ``need``. A holder turns cheap only
@@ -507,24 +644,26 @@ def joint_wake(
     them: a waiting 8-GPU job needs every holder on a node cheap at once."""
     status, free_gpu = fork.status, fork.free_gpu
     ready = NodeStatus.READY
-    per_node: dict[str, list[tuple[Workload, float, float, int]]] = {}
-    for v, left, wait, held in later:
+    per_node: dict[str, list[tuple[Workload, float, float, int, float]]] = {}
+    for v, left, wait, held, rewait in later:
+        # what it must outlast besides its cost: the preemptor, or its own re-wait
+        bar = rewait if rewait > r_p else r_p
         for node, gpu in held:
             if node in nodes and node not in exclude and status(node) is ready:
                 vs = per_node.get(node)
                 if vs is None:
                     vs = per_node[node] = []
-                vs.append((v, left, wait, gpu))
+                vs.append((v, left, wait, gpu, bar))
     # only nodes where the free GPU and all of these holders' reach ``need`` can
     # ever do; no holder there turns cheap before the first of their next checkpoints
-    viable: list[tuple[str, list[tuple[Workload, float, float, int]], int]] = []
+    viable: list[tuple[str, list[tuple[Workload, float, float, int, float]], int]] = []
     first = cap
     for vs_node, vs in per_node.items():
         free = free_gpu(vs_node)
         if free + sum(x[3] for x in vs) < need:
             continue
         viable.append((vs_node, vs, free))
-        for _, _, wait, _ in vs:
+        for _, _, wait, _, _ in vs:
             if wait > 0.0 and now + wait + 1e-6 < first:
                 first = now + wait + 1e-6
     if first >= cap:
@@ -534,7 +673,7 @@ def joint_wake(
         times: list[float] = []
         cycles: list[tuple[float, float]] = []  # (next checkpoint moment, period)
         until = now  # the last moment a holder there turns evictable (minimum runtime)
-        for v, _, wait, _ in vs:
+        for v, _, wait, _, _ in vs:
             spec = v.spec
             if wait > 0.0:
                 cycles.append((now + wait, (spec.checkpoint_interval or 0.0) + spec.checkpoint_cost))
@@ -560,9 +699,9 @@ def joint_wake(
             if t >= wake:
                 break
             got = free
-            for v, left, _, g in vs:
+            for v, left, _, g, bar in vs:
                 cost, cheap, ok = holder_at(v, t, budget)
-                if cheap and ok and left > r_p + cost:
+                if cheap and ok and left > bar + cost:
                     got += g
             if got >= need:
                 wake = t
@@ -607,12 +746,17 @@ def _gang_penalty(v: Workload) -> float:
     return GANG_PENALTY_GPU_S if v.spec.replicas > 1 else 0.0
 
 
-def outlasts(r_v: float, r_p: float, cost: float, ratio: float) -> bool:
+def outlasts(
+    r_v: float, r_p: float, cost: float, ratio: float, rewait: float = 0.0
+) -> bool:
     """The gain test on expected remaining times: a victim expected to run ``r_v``
     seconds more is worth evicting for a preemptor expected to run ``r_p`` when it
-    runs ``ratio`` times longer, and longer than the preemptor plus what evicting
-    it costs (``cost``, :func:`cost_of`). :func:`could_gain` spells it inline."""
-    return r_v >= ratio * r_p and r_v > r_p + cost
+    runs ``ratio`` times longer, and longer than what it is delayed by plus what
+    evicting it costs (``cost``, :func:`cost_of`). It is delayed by the preemptor's
+    run, or by its own wait to be placed again (``rewait``: :func:`victim_rewait`)
+    when that is longer: the preemptor then gains ``r_v`` and the victim loses
+    the longer of the two. :func:`could_gain` spells it inline."""
+    return r_v >= ratio * r_p and r_v > (rewait if rewait > r_p else r_p) + cost
 
 
 def loses_too_much(v: Workload, now: float, budget: float) -> tuple[bool, float]:
@@ -647,10 +791,16 @@ class GainAsk(NamedTuple):
     #: the cycle's gain pool for ``w``'s priority, when it has one: a search then
     #: reads each equal's estimate, cost and wait from it instead of anew
     pool: GainPool | None = None
+    #: the waits of evicted workloads learned so far (None: none are counted)
+    rewaits: Rewaits | None = None
 
     def expect(self, x: Workload) -> float:
         """``x``'s expected remaining run time (:func:`expected_left`)."""
         return expected_left(self.remaining, x, self.now, self.cfg.gain_prior_s)
+
+    def rewait(self, v: Workload) -> float:
+        """``v``'s expected wait to be placed again if evicted now (:func:`victim_rewait`)."""
+        return victim_rewait(self.cfg, self.rewaits, v, self.now)
 
     def select(self, worth: Callable[[Workload], bool]) -> VictimChoice | None:
         """The victim policy's choice among the equals that pass ``worth``."""
@@ -680,13 +830,14 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
     r_p = expect(ask.w)
     budget = ask.cfg.gain_wait_share * max(ask.w.gpus(), 1e-3)
     # the equals it examined that may pass at a later moment (see joint_wake)
-    later: dict[str, tuple[Workload, float, float, tuple[tuple[str, int], ...]]] = {}
+    later: dict[str, Later] = {}
 
     def worth(v: Workload) -> bool:
         r_v = expect(v)
-        if r_v >= ratio * r_p and may_outlast(r_v, r_p, v):
-            later[v.id] = (v, r_v, _wait_for_checkpoint(v, now), _held(v))
-        if not outlasts(r_v, r_p, cost_of(v, now), ratio):
+        rewait = ask.rewait(v)
+        if r_v >= ratio * r_p and may_outlast(r_v, r_p, v, rewait):
+            later[v.id] = (v, r_v, _wait_for_checkpoint(v, now), _held(v), rewait)
+        if not outlasts(r_v, r_p, cost_of(v, now), ratio, rewait):
             return False
         # evict now, losing the work since its last checkpoint, or wait for its
         # next one (delaying the preemptor): now only if the loss is small
@@ -705,9 +856,9 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
         if c is None:
             return False
         r_v = c.left
-        if r_v >= ratio * r_p and may_outlast(r_v, r_p, v):
-            later[v.id] = (v, r_v, c.wait, c.held)
-        return outlasts(r_v, r_p, c.cost, ratio) and not c.loss > budget * c.wait
+        if r_v >= ratio * r_p and may_outlast(r_v, r_p, v, c.rewait):
+            later[v.id] = (v, r_v, c.wait, c.held, c.rewait)
+        return outlasts(r_v, r_p, c.cost, ratio, c.rewait) and not c.loss > budget * c.wait
 
     def wake() -> float:
         if not later:
@@ -722,19 +873,40 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
     choice = ask.select(worth if pool is None else worth_in_pool)
     if choice is None:
         return None, wake()
-    gain = cost = 0.0
-    for v, _ in choice.victims:
-        r_v = expect(v)
-        g = max(v.gpus(), 1e-3)
-        gain += g * (r_v - r_p)
-        cost += g * cost_of(v, now) + _gang_penalty(v)
+    gain, cost, rewaited = _gain_and_cost(ask, choice, r_p, lambda v: cost_of(v, now))
     if gain <= cost:
         return None, wake()
     why = (
         f"preemption among equals: expected gain {gain / 3600:.2f} GPU-h > cost"
-        f" {cost / 3600:.2f} GPU-h ({ask.w.id} expects {format_duration(r_p)} left)"
+        f" {cost / 3600:.2f} GPU-h ({ask.w.id} expects {format_duration(r_p)} left{rewaited})"
     )
     return (choice, gain, cost, why), INF
+
+
+def _gain_and_cost(
+    ask: GainAsk, choice: VictimChoice, r_p: float, seconds: Callable[[Workload], float]
+) -> tuple[float, float, str]:
+    """The expected gain of evicting ``choice``'s victims for ``ask.w`` (each
+    victim's GPUs x its expected remaining time less what it is delayed by: the
+    preemptor's ``r_p``, or its own expected re-wait when longer), the cost (each
+    victim's GPUs x ``seconds(victim)``, plus a gang penalty for each broken
+    gang), both in GPU-seconds, and a note naming the victims whose re-wait
+    counted (empty when none did)."""
+    gain = cost = 0.0
+    longer: list[str] = []
+    for v, _ in choice.victims:
+        g = max(v.gpus(), 1e-3)
+        rewait = ask.rewait(v)
+        if rewait > r_p:
+            longer.append(f"{v.id} {format_duration(rewait)}")
+        gain += g * (ask.expect(v) - (rewait if rewait > r_p else r_p))
+        cost += g * seconds(v) + _gang_penalty(v)
+    note = ""
+    if longer:
+        q = ask.cfg.gain_rewait_quantile
+        note = (f"; expected re-wait of evicted equals (p{100 * (q or 0.0):.0f} of past"
+                f" restarts with as much service) over it: {', '.join(longer)}")
+    return gain, cost, note
 
 
 class DrainPlan(NamedTuple):
@@ -777,7 +949,7 @@ def drain_choice(ask: GainAsk) -> DrainPlan | None:
     budget = ask.cfg.gain_wait_share * max(w.gpus(), 1e-3)
 
     def worth(v: Workload) -> bool:
-        return outlasts(expect(v), r_p, cost_of(v, now), ratio)
+        return outlasts(expect(v), r_p, cost_of(v, now), ratio, ask.rewait(v))
 
     choice = ask.select(worth)
     if choice is None or len({a.node for a in choice.allocs}) != 1:
@@ -794,12 +966,12 @@ def drain_choice(ask: GainAsk) -> DrainPlan | None:
     last = max(due.values())
     if last == now:
         return None
-    gain = cost = idle = 0.0
+    gain, cost, rewaited = _gain_and_cost(
+        ask, choice, r_p, lambda v: v.spec.restart_cost + v.spec.checkpoint_cost
+    )
+    idle = 0.0
     for v, _ in choice.victims:
-        g = max(v.gpus(), 1e-3)
-        gain += g * (expect(v) - r_p)
-        idle += g * (last - due[v.id])
-        cost += g * (v.spec.restart_cost + v.spec.checkpoint_cost) + _gang_penalty(v)
+        idle += max(v.gpus(), 1e-3) * (last - due[v.id])
     cost += lost + idle
     if gain <= cost:
         return None
@@ -808,6 +980,6 @@ def drain_choice(ask: GainAsk) -> DrainPlan | None:
         f"preemption among equals: expected gain {gain / 3600:.2f} GPU-h > cost"
         f" {cost / 3600:.2f} GPU-h, drained on {node} at the victims' checkpoints (idle"
         f" while draining {idle / 3600:.2f} GPU-h; the last leaves in"
-        f" {format_duration(last - now)}; {w.id} expects {format_duration(r_p)} left)"
+        f" {format_duration(last - now)}; {w.id} expects {format_duration(r_p)} left{rewaited})"
     )
     return DrainPlan(node, due, gain, cost, idle, why, choice)

@@ -37,12 +37,14 @@ from mlwe.core.gain import (
     GainAsk,
     GainPool,
     Holders,
+    Rewaits,
     cost_of,
     could_gain,
     drain_choice,
     expected_left,
     gain_choice,
     outlasts,
+    victim_rewait,
 )
 from mlwe.core.lifecycle import QUEUED, State
 from mlwe.core.model import Workload, shape_of
@@ -128,6 +130,23 @@ class SchedulerConfig:
     #: its own next checkpoint and hold the node for the preemptor meanwhile
     #: (one-replica preemptors; see :class:`mlwe.core.gain.DrainPlan`)
     gain_drain: bool = False
+    #: a victim of preemption among equals is delayed by the longer of its
+    #: preemptor's run and its own wait to be placed again, taken as this quantile
+    #: of the waits that evicted workloads of its priority and saved service (in
+    #: powers of two of GPU-seconds) had before they were placed again
+    #: (mlwe.core.gain.Rewaits); None: it is taken to resume once the preemptor
+    #: ends. Under a size-aware order a long job evicted late waits behind
+    #: everything shorter, often far longer than its preemptor runs.
+    gain_rewait_quantile: float | None = None
+    #: waits a class needs before its quantile counts (0.0 before)
+    gain_rewait_min_runs: int = 3
+
+    def __post_init__(self) -> None:
+        q = self.gain_rewait_quantile
+        if q is not None and not 0.0 <= q <= 1.0:
+            raise ValueError(f"gain_rewait_quantile {q!r} is not a number within [0, 1]")
+        if self.gain_rewait_min_runs < 1:
+            raise ValueError(f"gain_rewait_min_runs {self.gain_rewait_min_runs!r} is below 1")
 
 
 class Scheduler:
@@ -164,6 +183,10 @@ class Scheduler:
         self._left_at = 0.0
         #: per priority, the holders gain searches examine, kept across cycles
         self._holders: dict[int, Holders] = {}
+        #: how long evicted workloads waited to be placed again (learned by the
+        #: holder readers as restarts are seen, with gain_rewait_quantile set;
+        #: scheduler memory, like _holders)
+        self.rewaits = Rewaits()
 
     # ------------------------------------------------------------------ helpers
     def models_for(self, cp: ControlPlane, w: Workload) -> tuple[str, ...]:
@@ -643,7 +666,7 @@ class Scheduler:
         """What a gain search for ``turn`` is asked, on this cycle's state."""
         return GainAsk(
             self.config, self.remaining, self.preemption, cycle.cp, cycle.fork,
-            turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now,
+            turn.w, turn.shape, cycle.taken, turn.exclude, cycle.now, rewaits=self.rewaits,
         )
 
     def _could_gain(self, cycle: Cycle, turn: Turn) -> bool:
@@ -732,10 +755,14 @@ class Scheduler:
         pool = cycle.gain_pools.get(w.priority)
         if pool is None:
             holders = self._holders.get(w.priority)
-            if holders is None or not holders.refresh(cp, cycle.now):
+            # (the waits of evicted workloads are learned only where they count)
+            learn = self.rewaits if self.config.gain_rewait_quantile is not None else None
+            if holders is None or holders.rewaits is not learn or not holders.refresh(
+                cp, cycle.now
+            ):
                 if len(self._holders) > 64:
                     self._holders.clear()
-                holders = self._holders[w.priority] = Holders(cp, w.priority, cycle.now)
+                holders = self._holders[w.priority] = Holders(cp, w.priority, cycle.now, learn)
             pool = cycle.gain_pools[w.priority] = GainPool(
                 self.config, self.remaining, cp, w.priority, cycle.now, holders
             )
@@ -848,7 +875,7 @@ class Scheduler:
             release.extend(mine)
             if due <= now and not outlasts(
                 expected_left(self.remaining, v, now, cfg.gain_prior_s), r_p,
-                cost_of(v, now), cfg.gain_ratio,
+                cost_of(v, now), cfg.gain_ratio, victim_rewait(cfg, self.rewaits, v, now),
             ):
                 return False
         _, shape = self.shape_for(cp, p)
