@@ -342,7 +342,8 @@ class GainPool:
     down to a floor (a victim must be expected to run at least ``gain_ratio``
     times longer than its preemptor), for a reader that wants them in that order."""
 
-    __slots__ = ("_cfg", "_full", "_holders", "_left", "_now", "_prior", "_remaining")
+    __slots__ = ("_cfg", "_full", "_holders", "_left", "_now", "_prior", "_remaining",
+                 "_rewaits")
 
     def __init__(
         self,
@@ -359,6 +360,8 @@ class GainPool:
         self._cfg = cfg
         self._prior = cfg.gain_prior_s
         self._holders = holders if holders is not None else Holders(cp, priority, now)
+        #: where the victims' re-waits are read (None: they are not counted)
+        self._rewaits = self._holders.rewaits if cfg.gain_rewait_quantile is not None else None
         #: expected remaining time per member, once read (NaN: an estimate that is
         #: not a number, which passes no victim test: not in the pool)
         self._left: dict[str, float] = {}
@@ -477,7 +480,7 @@ class GainPool:
             ),
             held,
             v,
-            victim_rewait(self._cfg, self._holders.rewaits, v, now),
+            0.0 if self._rewaits is None else victim_rewait(self._cfg, self._rewaits, v, now),
         )
 
 
@@ -552,13 +555,13 @@ def could_gain(
         if not left >= floor:  # below the floor no candidate passes the test (nor NaN)
             continue
         c = candidate_of(wid, left)
-        rewait = c.rewait
-        if not left > (rewait if rewait > r_p else r_p) + c.cost:
-            if not drain and may_outlast(left, r_p, c.v, rewait):
-                later.append((c.v, left, c.wait, c.held, rewait))  # passes once its cost is lower
+        # (outlasts: longer than the longer of r_p and its re-wait, plus its cost)
+        if not left > r_p + c.cost or (c.rewait > r_p and not left > c.rewait + c.cost):
+            if not drain and may_outlast(left, r_p, c.v, c.rewait):
+                later.append((c.v, left, c.wait, c.held, c.rewait))  # passes once cheaper
             continue  # the test first: it turns most candidates away, and costs nothing
         if not drain and c.loss > budget * c.wait:  # loses too much now: wait for its checkpoint
-            later.append((c.v, left, c.wait, c.held, rewait))
+            later.append((c.v, left, c.wait, c.held, c.rewait))
             continue
         if c.evictable:
             for node, gpu in c.held:
@@ -567,7 +570,7 @@ def could_gain(
                     if free_gpu(node) + got >= need:
                         return True, INF  # found (the wake time is read only on a miss)
         if not drain:
-            later.append((c.v, left, c.wait, c.held, rewait))
+            later.append((c.v, left, c.wait, c.held, c.rewait))
     if drain or not later:
         return False, INF
     return False, joint_wake(
@@ -580,7 +583,7 @@ def may_outlast(left: float, r_p: float, v: Workload, rewait: float = 0.0) -> bo
     ``rewait`` to be placed again if evicted), may pass :func:`outlasts`'s cost
     bar against a preemptor expected to run ``r_p`` at some moment: just after a
     checkpoint its cost is only its restore and pause."""
-    return left > max(r_p, rewait) + v.spec.restart_cost + v.spec.checkpoint_cost
+    return left > (rewait if rewait > r_p else r_p) + v.spec.restart_cost + v.spec.checkpoint_cost
 
 
 def holder_at(v: Workload, t: float, budget: float) -> tuple[float, bool, bool]:
