@@ -55,7 +55,10 @@ class Rewaits:
     workload's saved service in GPU-seconds, in powers of two. A wait is read
     only once the workload has been placed again (from its history), so what
     is learned is what a scheduler has seen, never how long a workload still
-    waiting will wait. Each class keeps its latest :attr:`KEEP` waits."""
+    waiting will wait. Each class keeps its latest :attr:`KEEP` waits.
+
+    Counted only with ``SchedulerConfig.gain_rewait_quantile`` set (the replay
+    policy ``mlwe-rewait``; the default leaves it off: README, the p99 anatomy)."""
 
     __slots__ = ("_order", "_seen", "_sorted")
 
@@ -207,8 +210,9 @@ class Holders:
     def __init__(
         self, cp: ControlPlane, priority: int, now: float, rewaits: Rewaits | None = None
     ) -> None:
-        """``rewaits``: where the waits of evicted holders placed again are learned
-        (every holder it admits, of any priority, is shown to it)."""
+        """``rewaits``: where the waits of evicted workloads placed again are learned
+        (every holder it admits that was evicted before, of any priority, is
+        shown to it; None: nothing is learned)."""
         self.cp = cp
         self.rewaits = rewaits
         self.priority = priority
