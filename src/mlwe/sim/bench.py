@@ -31,6 +31,7 @@ from mlwe.core import (
     WorkloadSpec,
     build_control_plane,
 )
+from mlwe.core.lifecycle import QUEUED
 from mlwe.core.scheduler import default_scheduler
 
 GPU_MODELS = ("A100-80GB", "H100-80GB", "A100-40GB", "V100-32GB", "T4")
@@ -122,27 +123,21 @@ def _throughput(cp: ControlPlane, sched: Scheduler, rng: random.Random, pending:
     return placed, place_s
 
 
-def _settle(cp: ControlPlane) -> None:
+def _release_victims(cp: ControlPlane) -> None:
     """What the backend does once the grace period has passed: every victim still
-    releasing (PREEMPTING) releases, and every workload placed starts; then the
-    workloads back in the queue are withdrawn, so that each sample sees the same
-    scenario (R running, P pending).
-    Without it the victims of the preemptions the timed cycles decide among equals
-    (the requeued victims' gain searches) would hold their nodes for ever: over
-    1,000 urgent arrivals at 5,000 nodes, 2,634 of the 18,972 running at the start
-    were left releasing, and the later searches scanned past their nodes."""
+    releasing (PREEMPTING) releases; each is then withdrawn from the queue it went
+    back to, so that every sample sees the same scenario (R running, P pending).
+    Without it the victims of the preemptions decided among equals (the requeued
+    victims' gain searches in the cycle after a preemption) held their nodes for
+    ever: over 1,000 urgent arrivals at 5,000 nodes, 2,634 of the 18,972 running
+    at the start were left releasing, and later searches scanned past them."""
     wl = cp.workloads
-    held = [wl[i] for i in cp.holder_ids()]
-    releasing = [v for v in held if v.state is State.PREEMPTING]
+    releasing = [wl[i] for i in cp.holder_ids() if wl[i].state is State.PREEMPTING]
     if releasing:
         cp.apply([Released(v.id, v.attempt) for v in releasing])
-    placed = [w for w in held if w.state is State.ADMITTED]
-    if placed:
-        cp.apply([Start(w.id, w.attempt) for w in placed])
-        cp.apply([Started(w.id, w.attempt) for w in placed])
-    queued = cp.queued_workloads()
-    if queued:
-        cp.apply([Cancel(q.id) for q in queued])
+        back = [v.id for v in releasing if v.state in QUEUED]
+        if back:
+            cp.apply([Cancel(i) for i in back])
 
 
 def _placement_latency(cp: ControlPlane, sched: Scheduler, rng: random.Random, samples: int) -> list[float]:
@@ -164,7 +159,6 @@ def _placement_latency(cp: ControlPlane, sched: Scheduler, rng: random.Random, s
             cp.apply([Exited(w.id, w.attempt, 0)])
         elif w.state is State.PENDING:
             cp.apply([Cancel(w.id)])
-        _settle(cp)  # (a workload of priority 30 may have preempted lower work)
     return lat
 
 
@@ -176,6 +170,7 @@ def _preemption_latency(cp: ControlPlane, sched: Scheduler, clock: ManualClock, 
     back in the queue, take their turns: fits, searches, the blocked head's projection)."""
     pre: list[float] = []
     after: list[float] = []
+    _release_victims(cp)  # (the victims of the placement samples, priority 30, too)
     for i in range(preemptions + nodes):
         if len(pre) >= preemptions:
             break
@@ -203,7 +198,8 @@ def _preemption_latency(cp: ControlPlane, sched: Scheduler, clock: ManualClock, 
         else:
             cp.apply([Cancel(w.id)])
         # the preempted go back to the queue; withdraw them to keep the scenario fixed
-        _settle(cp)
+        _release_victims(cp)
+        cp.apply([Cancel(q.id) for q in cp.queued_workloads()])
         clock.advance(1.0)
     return pre, after
 
