@@ -7,6 +7,11 @@ control plane whose invariants hold at the end.
 
 from __future__ import annotations
 
+import random
+
+from mlwe.core import ManualClock, build_control_plane
+from mlwe.core.scheduler import default_scheduler
+from mlwe.sim import bench
 from mlwe.sim.bench import bench_core
 
 
@@ -41,3 +46,17 @@ def test_bench_core_without_running_work_reports_no_preemption() -> None:
     assert r["invariants_ok"] is True
     assert r["preemption_samples"] == 0
     assert r["preemption_p99_ms"] is None and r["after_preemption_p99_ms"] is None
+
+
+def test_placement_samples_see_the_same_backlog() -> None:
+    # each sample is withdrawn or finished, and the backlog stays queued for the next
+    rng = random.Random(0)
+    clock = ManualClock(0.0)
+    cp = build_control_plane(bench.synthetic_cluster(40, 8, 0), clock)
+    sched = default_scheduler()
+    bench._fill_running(cp, sched, rng, clock, 200)
+    bench._throughput(cp, sched, rng, 300)
+    backlog = set(cp.queued)
+    assert backlog
+    bench._placement_latency(cp, sched, rng, 30)
+    assert set(cp.queued) == backlog
