@@ -560,6 +560,45 @@ def test_an_actor_killed_outside_mlwe_fails_the_attempt_and_leaves_no_process(
         assert not _alive(p.pid)
 
 
+def test_a_program_killed_just_before_its_actor_died_fails_as_the_actor_death(
+    driver: Driver,
+) -> None:
+    # ray.kill makes the Ray worker kill its child programs before it exits, so the
+    # actor's wait() can report "killed by SIGKILL" before the actor is seen dead (a
+    # loaded machine showed it). That order is made certain here: the program is
+    # killed, its wait() result is in, the actor is killed, and only then does the
+    # backend look. A signal is the program's own end only if its actor lives on.
+    import os
+    import signal
+
+    import ray
+
+    driver.submit(_spec("victim", [*SYNTH, "--work", "60"]))
+    driver.run_until(lambda: driver.cp.get("victim").progress > 0, what="victim to report")
+    info = driver.backend.attempt_info("victim", 1)
+    assert info is not None
+    (rep,) = info["replicas"]
+    (replica,) = driver.backend._attempts[("victim", 1)].replicas
+    os.kill(rep["pid"], signal.SIGKILL)
+    done, _ = ray.wait([replica.wait_ref], timeout=60)
+    assert done, "the actor's wait() did not report its program's end"
+    actor = ray.get_actor(rep["actor"])
+    ray.kill(actor)
+    end = time.monotonic() + 60
+    while True:  # until Ray says the actor died (not merely unavailable)
+        assert time.monotonic() < end, "Ray did not report the killed actor dead"
+        try:
+            ray.get(actor.info.remote(), timeout=30)
+        except ray.exceptions.ActorUnavailableError:
+            continue
+        except ray.exceptions.RayActorError:
+            break
+    driver.run_until(lambda: driver.state("victim") is State.FAILED, what="victim to fail")
+    w = driver.cp.get("victim")
+    assert w.failure_cause == "error" and w.exit_code == -1, (w.failure_cause, w.exit_code)
+    assert any("actor died" in e for e in driver.backend.errors), driver.backend.errors
+
+
 def test_a_node_loss_the_gcs_has_not_noticed_yet_is_not_blamed_on_the_workload(
     cluster: Any, tmp_path: Path,
 ) -> None:

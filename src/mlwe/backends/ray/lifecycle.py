@@ -294,6 +294,8 @@ class _Lifecycle(_NodeWatch):
         if any(not r.raylet_answered and r.died_at is not None
                and time.monotonic() - r.died_at < self.config.actor_death_settle_s for r in killed):
             return  # killed by a signal, node not yet shown alive: wait for the node watcher
+        if not self._actors_outlived_their_programs(att, killed, ready):
+            return
         failed = [r for r in att.replicas if r.exit_code not in (None, 0)]
         if failed:
             first = failed[0]
@@ -305,3 +307,46 @@ class _Lifecycle(_NodeWatch):
         if all(r.exit_code == 0 for r in att.replicas):
             att.outcome, att.exit_code, att.cause = _Outcome.EXITED, 0, ""
             self._begin_teardown(att, force=False)
+
+    def _actors_outlived_their_programs(
+        self, att: _Attempt, killed: list[_Replica], ready: set[Any],
+    ) -> bool:
+        """Whether every replica whose program a signal killed still has a live actor.
+
+        A signal is the program's own end only if its actor lives on. When the actor
+        is killed (``ray.kill`` from outside mlwe, the worker process dying), the Ray
+        worker kills its child programs before it exits, so the actor's ``wait`` can
+        report "killed by SIGKILL" before the actor is seen dead. Each such replica's
+        actor is probed once; an actor that cannot answer died, and the replica is
+        marked so (the caller's actor-death path then decides, on its next pass).
+        False while a probe is outstanding or a death was just found.
+        """
+        ray = _ray()
+        settled = True
+        for rep in killed:
+            if rep.actor_answered or rep.actor is None:
+                continue
+            if rep.probe_ref is None:
+                rep.probe_ref = rep.actor.info.remote()
+                settled = False
+                continue
+            if rep.probe_ref not in ready:
+                assert rep.died_at is not None
+                if time.monotonic() - rep.died_at < self.config.confirm_timeout_s:
+                    settled = False
+                    continue
+                self._error(f"{att.workload}#{att.attempt} replica {rep.index}: its actor did not"
+                            f" answer in {self.config.confirm_timeout_s:g}s after its program was"
+                            f" killed by {rep.killed_by}; blaming the signal")
+                rep.probe_ref, rep.actor_answered = None, True
+                continue
+            ok, value = self._get(rep.probe_ref)
+            rep.probe_ref = None
+            if isinstance(value, ray.exceptions.ActorUnavailableError):
+                settled = False  # transient (its worker restarting, a network blip): ask again
+            elif not ok and isinstance(value, ray.exceptions.RayActorError):
+                rep.died = str(value)  # the actor died with its program: not the program's signal
+                settled = False
+            else:
+                rep.actor_answered = True  # it ran the probe (even one that raised): it lives
+        return settled

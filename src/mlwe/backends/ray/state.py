@@ -71,6 +71,7 @@ class _Replica:
     died: str | None = None  # the actor died on its own (error text)
     died_at: float | None = None  # when an abnormal end (death, kill) was first seen
     raylet_answered: bool = False  # its node's raylet answered after that: the node lives
+    actor_answered: bool = False  # its actor answered a probe after its program was killed
 
 
 @dataclass
