@@ -321,16 +321,12 @@ class _Lifecycle(_NodeWatch):
         marked so (the caller's actor-death path then decides, on its next pass).
         False while a probe is outstanding or a death was just found.
         """
-        ray = _ray()
         settled = True
         for rep in killed:
             if rep.actor_answered or rep.actor is None:
                 continue
-            if rep.probe_ref is None:
-                rep.probe_ref = rep.actor.info.remote()
-                settled = False
-                continue
-            if rep.probe_ref not in ready:
+            probed = self._probe(rep, ready)
+            if probed is None:
                 assert rep.died_at is not None
                 if time.monotonic() - rep.died_at < self.config.confirm_timeout_s:
                     settled = False
@@ -340,13 +336,12 @@ class _Lifecycle(_NodeWatch):
                             f" killed by {rep.killed_by}; blaming the signal")
                 rep.probe_ref, rep.actor_answered = None, True
                 continue
-            ok, value = self._get(rep.probe_ref)
-            rep.probe_ref = None
-            if isinstance(value, ray.exceptions.ActorUnavailableError):
-                settled = False  # transient (its worker restarting, a network blip): ask again
-            elif not ok and isinstance(value, ray.exceptions.RayActorError):
+            dead, value = probed
+            if dead:
                 rep.died = str(value)  # the actor died with its program: not the program's signal
                 settled = False
+            elif isinstance(value, _ray().exceptions.ActorUnavailableError):
+                settled = False  # transient (its worker restarting, a network blip): ask again
             else:
                 rep.actor_answered = True  # it ran the probe (even one that raised): it lives
         return settled

@@ -250,6 +250,23 @@ class _BackendState:
         except ray.exceptions.RayError as exc:
             return False, exc
 
+    def _probe(self, rep: _Replica, ready: set[Any]) -> tuple[bool, Any] | None:
+        """Ask ``rep``'s actor for its ``info``: None while the answer is outstanding
+        (a probe is sent if none is), else whether Ray says the actor died (an actor
+        error other than its being unavailable for now) and the answer or the error.
+        A probe answered is spent: the next call sends another."""
+        if rep.probe_ref is None:
+            rep.probe_ref = rep.actor.info.remote()
+            return None
+        if rep.probe_ref not in ready:
+            return None
+        ok, value = self._get(rep.probe_ref)
+        rep.probe_ref = None
+        ray = _ray()
+        dead = not ok and isinstance(value, ray.exceptions.RayActorError) and not isinstance(
+            value, ray.exceptions.ActorUnavailableError)
+        return dead, value
+
     def _kill_quietly(self, actor: Any) -> None:
         try:
             _ray().kill(actor, no_restart=True)

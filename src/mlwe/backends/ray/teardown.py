@@ -194,7 +194,7 @@ class _Teardown(_Sampling):
             self._begin_teardown(att, force=True, drain=False)
 
     def _advance_confirming(self, att: _Attempt, ready: set[Any], now: float) -> None:
-        ray = _ray()
+        _ray()  # (a clear error without the mlwe[ray] extra, before the import below)
         from ray.util.placement_group import placement_group_table
 
         all_dead = True
@@ -211,18 +211,11 @@ class _Teardown(_Sampling):
                     all_dead = False
             if rep.actor is None or rep.dead:
                 continue
-            if rep.probe_ref is None:
-                rep.probe_ref = rep.actor.info.remote()
+            probed = self._probe(rep, ready)
+            if probed is None:
                 all_dead = False
                 continue
-            if rep.probe_ref not in ready:
-                all_dead = False
-                continue
-            ok, value = self._get(rep.probe_ref)
-            rep.probe_ref = None
-            if not ok and isinstance(value, ray.exceptions.RayActorError) and not isinstance(
-                value, ray.exceptions.ActorUnavailableError
-            ):
+            if probed[0]:
                 rep.dead = True
             else:
                 all_dead = False  # the kill has not landed yet: probe again next poll
