@@ -317,9 +317,10 @@ class _Lifecycle(_NodeWatch):
         is killed (``ray.kill`` from outside mlwe, the worker process dying), the Ray
         worker kills its child programs before it exits, so the actor's ``wait`` can
         report "killed by SIGKILL" before the actor is seen dead. Each such replica's
-        actor is probed once; an actor that cannot answer died, and the replica is
-        marked so (the caller's actor-death path then decides, on its next pass).
-        False while a probe is outstanding or a death was just found.
+        actor is probed until it answers (again while Ray says it is unavailable for
+        now, at most ``confirm_timeout_s`` after the kill was seen); an actor that
+        died is marked so, and the caller's actor-death path decides on its next
+        pass. False while a probe is outstanding or a death was just found.
         """
         settled = True
         for rep in killed:
