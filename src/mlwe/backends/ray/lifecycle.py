@@ -327,22 +327,23 @@ class _Lifecycle(_NodeWatch):
             if rep.actor_answered or rep.actor is None:
                 continue
             probed = self._probe(rep, ready)
-            if probed is None:
-                assert rep.died_at is not None
-                if time.monotonic() - rep.died_at < self.config.confirm_timeout_s:
+            if probed is not None:
+                dead, value = probed
+                if dead:
+                    rep.died = str(value)  # the actor died with its program: not its signal
                     settled = False
                     continue
-                self._error(f"{att.workload}#{att.attempt} replica {rep.index}: its actor did not"
-                            f" answer in {self.config.confirm_timeout_s:g}s after its program was"
-                            f" killed by {rep.killed_by}; blaming the signal")
-                rep.probe_ref, rep.actor_answered = None, True
-                continue
-            dead, value = probed
-            if dead:
-                rep.died = str(value)  # the actor died with its program: not the program's signal
+                if not isinstance(value, _ray().exceptions.ActorUnavailableError):
+                    rep.actor_answered = True  # it ran the probe (even one that raised): it lives
+                    continue
+                # unavailable for now (its worker restarting, a network blip): ask again
+            # no answer yet: wait for one, within the bound
+            assert rep.died_at is not None
+            if time.monotonic() - rep.died_at < self.config.confirm_timeout_s:
                 settled = False
-            elif isinstance(value, _ray().exceptions.ActorUnavailableError):
-                settled = False  # transient (its worker restarting, a network blip): ask again
-            else:
-                rep.actor_answered = True  # it ran the probe (even one that raised): it lives
+                continue
+            self._error(f"{att.workload}#{att.attempt} replica {rep.index}: its actor did not"
+                        f" answer in {self.config.confirm_timeout_s:g}s after its program was"
+                        f" killed by {rep.killed_by}; blaming the signal")
+            rep.probe_ref, rep.actor_answered = None, True
         return settled
