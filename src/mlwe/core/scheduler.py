@@ -259,20 +259,19 @@ class Scheduler:
         Within a cycle (nothing changes while it plans) each answer is kept, so
         the phases that ask again about a workload do not estimate it again."""
         memo = self._left
-        if memo is None or now != self._left_at:
-            return self._remaining(w, now)
-        rem = memo.get(w.id, _UNKNOWN)
-        if rem is _UNKNOWN:
-            rem = memo[w.id] = self._remaining(w, now)
-        return rem  # type: ignore[return-value]
-
-    def _remaining(self, w: Workload, now: float) -> float | None:
+        if memo is not None and now == self._left_at:
+            rem = memo.get(w.id, _UNKNOWN)
+            if rem is not _UNKNOWN:
+                return rem  # type: ignore[return-value]
         est = self.estimator
         if w.spec.estimated_duration is None:  # (most trace jobs) no estimate of the user's
-            return None if est is None else est.remaining_s(w, attained(w, now))
-        rem = w.remaining_estimate(now)
-        if rem is None and est is not None:
-            rem = est.remaining_s(w, attained(w, now))
+            rem = None if est is None else est.remaining_s(w, attained(w, now))
+        else:
+            rem = w.remaining_estimate(now)
+            if rem is None and est is not None:
+                rem = est.remaining_s(w, attained(w, now))
+        if memo is not None and now == self._left_at:
+            memo[w.id] = rem
         return rem
 
     def plan(self, cp: ControlPlane, cause_id: str | None = None) -> Plan:

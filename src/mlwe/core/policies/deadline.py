@@ -81,13 +81,16 @@ def project_start(
     shapes = {id(w): shape_of(w.spec, accepted_models(cp, w)) for w in order}
     t = now
     steps = 0
-    #: nodes freed since the first in order last failed to fit (None: try it)
+    #: nodes freed since the first in order was last found unable to fit (None:
+    #: try it): a node tested and found short stays short until it frees more,
+    #: which adds it again (nothing is taken from the fork while it waits)
     freed: set[str] | None = None
     while True:
         while order:
             w = order[0]
             shape = shapes[id(w)]
             if freed is not None and not _may_fit_now(f, shape, freed):
+                freed.clear()
                 break
             allocs = place.place(f, shape, w.spec.replicas)
             if allocs is None:
@@ -131,15 +134,17 @@ def _holder_ends(
     holder being stopped, or one :func:`project_start` treats as evicted, after
     ``grace_s``; the rest after their expected remaining time."""
     heap: list[tuple[float, int, tuple[ReplicaAlloc, ...]]] = []
+    append = heap.append
     assumed = 0
-    for wid in cp.holder_ids():
-        h = cp.workloads[wid]
-        if (
+    workloads = cp.workloads
+    stopping = _STOPPING
+    for seq, wid in enumerate(cp.holder_ids(), 1):
+        h = workloads[wid]
+        if h.state in stopping or (
             preemptible_below is not None
             and h.priority < preemptible_below
-            and h.state is not State.PREEMPTING
             and preemptible(h, now) is None
-        ) or h.state in (State.PREEMPTING, State.STOPPING):
+        ):
             end = now + grace_s
         else:
             rem = left(h, now)
@@ -147,8 +152,12 @@ def _holder_ends(
                 rem = max(0.0, default_estimate_s - h.runtime(now))
                 assumed += 1
             end = now + rem
-        heap.append((end, len(heap) + 1, h.placement))
+        append((end, seq, h.placement))
     return heap, assumed
+
+
+#: holders :func:`_holder_ends` sees releasing within the grace period
+_STOPPING = frozenset((State.PREEMPTING, State.STOPPING))
 
 
 def _may_fit_now(f: CapacityIndex, shape: Shape, freed: set[str]) -> bool:
