@@ -25,6 +25,8 @@ from mlwe.core.spec import NodeStatus
 
 FULL = 1000  # milli-GPU of one device
 _CPU_LEVEL_CAP = 512
+#: what a device that is not partly used holds free
+_WHOLE = frozenset((0, FULL))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,7 @@ _SHAPE_FIELDS = ("gpu", "cpu", "ram", "vram", "models", "selector", "per_node", 
 def _key(info: NodeInfo, free: list[int], dev: list[int]) -> tuple[str, int]:
     if info.gpu_model is None:
         return ("", min(free[2] // 1000, _CPU_LEVEL_CAP))
-    return (info.gpu_model, sum(1 for d in dev if d == FULL))
+    return (info.gpu_model, dev.count(FULL))
 
 
 def _fit(info: NodeInfo, free: list[int], dev: list[int], shape: Shape) -> ReplicaAlloc | None:
@@ -171,6 +173,7 @@ class CapacityIndex:
         "_partial",
         "_status",
         "_status_owned",
+        "changes",
     )
 
     def __init__(self) -> None:
@@ -193,6 +196,9 @@ class CapacityIndex:
         self._base = True
         self._owned_nodes: set[str] = set()
         self._owned_buckets: set[tuple[str, int] | str] = set()
+        #: how many times capacity or a status changed on this index (a reader that
+        #: keeps what it read can tell whether it still holds)
+        self.changes = 0
 
     # ----------------------------------------------------------------- building
     def add_node(self, info: NodeInfo, status: NodeStatus = NodeStatus.READY) -> None:
@@ -210,6 +216,7 @@ class CapacityIndex:
         self._max_level[model] = max(self._max_level.get(model, 0), level)
         self._by_model.setdefault(model, []).append(info.name)
         self._model_lists.clear()
+        self.changes += 1
         self._reindex(info.name)
 
     def remove_node(self, name: str) -> None:
@@ -228,6 +235,7 @@ class CapacityIndex:
         self._by_model[info.gpu_model or ""].remove(name)
         self._model_lists.clear()
         del self._info[name], self._free[name], self._dev[name], self._status[name]
+        self.changes += 1
         # _max_level may now overstate the largest node of the model: it only bounds searches
 
     def fork(self) -> CapacityIndex:
@@ -252,6 +260,7 @@ class CapacityIndex:
         f._base = False
         f._owned_nodes = set()
         f._owned_buckets = set()
+        f.changes = 0
         return f
 
     # ------------------------------------------------------------------ reading
@@ -287,7 +296,7 @@ class CapacityIndex:
         return tuple(self._dev[node])
 
     def whole_free_gpus(self, node: str) -> int:
-        return sum(1 for d in self._dev[node] if d == FULL)
+        return self._dev[node].count(FULL)
 
     def has_free_gpu(self) -> bool:
         """Whether any ready node has a whole or partly free GPU (cheap: reads the
@@ -377,7 +386,8 @@ class CapacityIndex:
             else:
                 self._key.pop(node, None)
         if info.gpu_model is not None:
-            part = schedulable and any(0 < d < FULL for d in self._dev[node])
+            # (some device partly used: every value is 0, FULL or in between)
+            part = schedulable and not _WHOLE.issuperset(self._dev[node])
             current = self._partial.get(info.gpu_model)
             present = current is not None and node in current
             if part and not present:
@@ -393,6 +403,7 @@ class CapacityIndex:
             self._status = dict(self._status)
             self._status_owned = True
         self._status[node] = status
+        self.changes += 1
         self._reindex(node)
 
     def check(self, alloc: ReplicaAlloc) -> list[str]:
@@ -434,6 +445,7 @@ class CapacityIndex:
         dev = self._dev[node]
         for d in alloc.devices:
             dev[d] -= alloc.gpu_per_device
+        self.changes += 1
         self._reindex(node)
 
     def release(self, alloc: ReplicaAlloc) -> None:
@@ -450,6 +462,7 @@ class CapacityIndex:
         dev = self._dev[node]
         for d in alloc.devices:
             dev[d] += alloc.gpu_per_device
+        self.changes += 1
         self._reindex(node)
 
     # ------------------------------------------------------------------ search

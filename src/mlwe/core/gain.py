@@ -347,7 +347,7 @@ class GainPool:
     times longer than its preemptor), for a reader that wants them in that order."""
 
     __slots__ = ("_cfg", "_full", "_holders", "_left", "_now", "_prior", "_remaining",
-                 "_rewaits")
+                 "_rewaits", "_viable")
 
     def __init__(
         self,
@@ -370,6 +370,11 @@ class GainPool:
         #: not a number, which passes no victim test: not in the pool)
         self._left: dict[str, float] = {}
         self._full: dict[str, Candidate] = {}
+        #: what :meth:`viable` answered, per question, with the fork and its count
+        #: of changes it read (the members do not change within the cycle)
+        self._viable: dict[
+            tuple[int, Container[str], Container[str]], tuple[CapacityIndex, int, list[str]]
+        ] = {}
 
     @property
     def spread(self) -> int:
@@ -407,7 +412,23 @@ class GainPool:
         """The members (by id, in the holder order) on a ready node of ``nodes``
         outside ``exclude`` where the free GPU (on ``fork``) and that of every
         member there reach ``need``: nowhere else can victims make room for a
-        replica asking ``need`` GPU, now or later."""
+        replica asking ``need`` GPU, now or later. Kept while ``fork`` is unchanged
+        (the tests of one cycle that places nothing ask it again and again); the
+        list is shared: a caller must not change it."""
+        key = (need, nodes, exclude)
+        try:
+            got = self._viable.get(key)
+        except TypeError:  # (node collections that are not frozen: not kept)
+            return self._viable_now(need, nodes, exclude, fork)
+        if got is not None and got[0] is fork and got[1] == fork.changes:
+            return got[2]
+        picked = self._viable_now(need, nodes, exclude, fork)
+        self._viable[key] = (fork, fork.changes, picked)
+        return picked
+
+    def _viable_now(
+        self, need: int, nodes: Container[str], exclude: Container[str], fork: CapacityIndex
+    ) -> list[str]:
         status, free_gpu = fork.status, fork.free_gpu
         ready = NodeStatus.READY
         h = self._holders
