@@ -2,8 +2,8 @@
 
 :meth:`mlwe.core.policies.ordering.SizeAware.order` keeps the last order and
 re-keys only the workloads that joined the queue or moved since (a transition,
-a new priority, a new spec), rebuilding it when the estimator has learned enough
-to change keys, and sorting in full whenever a deadline is queued;
+a new priority, a new spec) or whose key the estimator has learned enough to
+change since, and sorts in full whenever a deadline is queued;
 :meth:`~mlwe.core.policies.ordering.SizeAware.order_queue`, which a cycle calls,
 finds those workloads in the control plane's journal instead of a pass over the
 queue. Replays of contended

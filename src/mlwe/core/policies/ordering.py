@@ -145,8 +145,9 @@ class SizeAware:
         # urgency window)
         self._keys: dict[str, tuple[float, int, float, float, str, float]] = {}
         # the last order (see order()): id -> (workload, transitions, priority,
-        # key, spec), the (key, workload) pairs sorted, and the oldest learned count
-        # its keys were computed at (None: no order kept)
+        # key, spec, the cached entry the key was read from), the (key, workload)
+        # pairs sorted, and the oldest learned count its keys were computed at
+        # (None: no order kept)
         self._kept: dict[str, _Kept] | None = None
         self._sorted: list[tuple[tuple[int, int, float, int], Workload]] = []
         self._kept_learned = 0
@@ -248,16 +249,13 @@ class SizeAware:
 
     def _from_journal(self, cp: ControlPlane, now: float) -> list[Workload] | None:
         synced = self._synced
-        if (
-            synced is None
-            or synced[0] is not cp
-            or self._kept is None
-            or not self.estimator.fresh(self._kept_learned)
-        ):
+        if synced is None or synced[0] is not cp or self._kept is None:
             return None
         changed = cp.changed_since(synced[1])
         if changed is None:
             return None
+        if not self.estimator.fresh(self._kept_learned):
+            self._rekey_stale(now)
         self._synced = (cp, cp.journal_mark())
         if not changed:
             return list(map(_SECOND, self._sorted))
@@ -285,13 +283,15 @@ class SizeAware:
         """``queued`` sorted by :meth:`key`. Without deadlines a key depends on
         nothing that moves with the clock while a workload waits, so the order is
         kept between calls: a workload is (re)keyed only when it joins the queue
-        or has moved since (a transition, a new priority, a run), and the whole
-        order is rebuilt once the estimator has learned enough to change keys (see
-        :meth:`_entry`). The result is the full sort's, workload for workload
+        or has moved since (a transition, a new priority, a run), or once the
+        estimator has learned enough since its key was read to change it (see
+        :meth:`_entry` and :meth:`_rekey_stale`). The result is the full sort's, workload for workload
         (keys end in the unique arrival sequence: no two are equal); a queue
         with a deadline in it is sorted in full at every call."""
         self._synced = None  # (whatever ``queued`` is: maybe not a whole queue)
-        if self._kept is not None and self.estimator.fresh(self._kept_learned):
+        if self._kept is not None:
+            if not self.estimator.fresh(self._kept_learned):
+                self._rekey_stale(now)
             got = self._update(queued, now)
             if got is not None:
                 return got
@@ -305,7 +305,9 @@ class SizeAware:
         # queue member running (none should be: attained service would move too)
         if all(w.deadline is None and w.started_at is None for w in queued):
             keys = self._keys
-            self._kept = {w.id: (w, len(w.history), w.priority, k, w.spec) for k, w in pairs}
+            self._kept = {
+                w.id: (w, len(w.history), w.priority, k, w.spec, keys[w.id]) for k, w in pairs
+            }
             self._sorted = pairs
             self._no_gpu = sum(1 for w in queued if not w.spec.resources.gpu)
             self._kept_learned = min(
@@ -335,6 +337,23 @@ class SizeAware:
             gone += [i for i in kept if i not in ids]
         return self._apply(fresh, gone, now)
 
+    def _rekey_stale(self, now: float) -> None:
+        """The estimator has learned enough since the oldest kept key to change keys:
+        re-key the kept workloads whose cached entry is stale (or is no longer the
+        one their kept key was read from), as a full sort would, and leave the rest
+        where they are (their key is what :meth:`key` gives now)."""
+        kept, keys, fresh = self._kept, self._keys, self.estimator.fresh
+        assert kept is not None
+        stale = [
+            k[0] for wid, k in kept.items()
+            if (e := keys.get(wid)) is not k[5] or not fresh(e[1])
+        ]
+        if stale:
+            self._apply(stale, [], now)
+        self._kept_learned = min(
+            (keys[wid][1] for wid in kept), default=self.estimator.learned
+        )
+
     def _apply(self, fresh: list[Workload], gone: list[str], now: float) -> list[Workload]:
         """The kept order without ``gone`` (ids, kept or not) and with ``fresh``
         (workloads to key anew, kept or not, none with a deadline or running)."""
@@ -355,7 +374,7 @@ class SizeAware:
             learned = self._keys
             for w in fresh:
                 kw = key(w, now)
-                kept[w.id] = (w, len(w.history), w.priority, kw, w.spec)
+                kept[w.id] = (w, len(w.history), w.priority, kw, w.spec, learned[w.id])
                 bisect.insort(srt, (kw, w), key=_FIRST)
                 if not w.spec.resources.gpu:
                     self._no_gpu += 1
@@ -364,8 +383,12 @@ class SizeAware:
 
 
 #: what SizeAware keeps of a queued workload: the workload, its transitions, its
-#: priority, its key and its spec (the key is read again when any of them moves)
-_Kept = tuple[Workload, int, int, tuple[int, int, float, int], WorkloadSpec]
+#: priority, its key, its spec (the key is read again when any of them moves) and
+#: the cached entry (:meth:`SizeAware._entry`) the key was read from
+_Kept = tuple[
+    Workload, int, int, tuple[int, int, float, int], WorkloadSpec,
+    tuple[float, int, float, float, str, float],
+]
 
 
 def _unchanged(k: _Kept | None, w: Workload) -> bool:
