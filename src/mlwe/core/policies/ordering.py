@@ -285,9 +285,9 @@ class SizeAware:
         kept between calls: a workload is (re)keyed only when it joins the queue
         or has moved since (a transition, a new priority, a run), or once the
         estimator has learned enough since its key was read to change it (see
-        :meth:`_entry` and :meth:`_rekey_stale`). The result is the full sort's, workload for workload
-        (keys end in the unique arrival sequence: no two are equal); a queue
-        with a deadline in it is sorted in full at every call."""
+        :meth:`_entry` and :meth:`_rekey_stale`). The result is the full sort's,
+        workload for workload (keys end in the unique arrival sequence: no two
+        are equal); a queue with a deadline in it is sorted in full at every call."""
         self._synced = None  # (whatever ``queued`` is: maybe not a whole queue)
         if self._kept is not None:
             if not self.estimator.fresh(self._kept_learned):
@@ -341,12 +341,14 @@ class SizeAware:
         """The estimator has learned enough since the oldest kept key to change keys:
         re-key the kept workloads whose cached entry is stale (or is no longer the
         one their kept key was read from), as a full sort would, and leave the rest
-        where they are (their key is what :meth:`key` gives now)."""
+        where they are (their key is what :meth:`key` gives now). A workload that
+        moved since it was kept is left to the caller's pass over what changed,
+        which decides whether it can be kept at all (a deadline, a run)."""
         kept, keys, fresh = self._kept, self._keys, self.estimator.fresh
         assert kept is not None
         stale = [
             k[0] for wid, k in kept.items()
-            if (e := keys.get(wid)) is not k[5] or not fresh(e[1])
+            if ((e := keys.get(wid)) is not k[5] or not fresh(e[1])) and _unchanged(k, k[0])
         ]
         if stale:
             self._apply(stale, [], now)
