@@ -202,7 +202,7 @@ def test_a_reservation_left_unprojected_would_have_let_no_search_find_victims(
         cursor, wake, cache = policy._cursor, self._wake_at, self._reservation_cache
         res = self._reserve(cycle.cp, cycle.head, cycle.fork, cycle.now, cycle.dirty)
         self._reservation_cache = cache
-        exclude = frozenset()
+        exclude: frozenset[str] = frozenset()
         if res is not None and not self._ends_before(turn.w, cycle.now, res.start):
             exclude = res.nodes
         policy._cursor = before  # the nodes the skipped search would have examined

@@ -373,7 +373,7 @@ class GainPool:
         #: what :meth:`viable` answered, per question, with the fork and its count
         #: of changes it read (the members do not change within the cycle)
         self._viable: dict[
-            tuple[int, Container[str], Container[str]], tuple[CapacityIndex, int, list[str]]
+            tuple[int, frozenset[str], frozenset[str]], tuple[CapacityIndex, int, list[str]]
         ] = {}
 
     @property
@@ -407,19 +407,17 @@ class GainPool:
         return c
 
     def viable(
-        self, need: int, nodes: Container[str], exclude: Container[str], fork: CapacityIndex
+        self, need: int, nodes: frozenset[str], exclude: frozenset[str], fork: CapacityIndex
     ) -> list[str]:
         """The members (by id, in the holder order) on a ready node of ``nodes``
         outside ``exclude`` where the free GPU (on ``fork``) and that of every
         member there reach ``need``: nowhere else can victims make room for a
         replica asking ``need`` GPU, now or later. Kept while ``fork`` is unchanged
-        (the tests of one cycle that places nothing ask it again and again); the
-        list is shared: a caller must not change it."""
+        (the tests of one cycle that places nothing ask it again and again; the
+        node sets are frozen, so the question is its own key); the list is
+        shared: a caller must not change it."""
         key = (need, nodes, exclude)
-        try:
-            got = self._viable.get(key)
-        except TypeError:  # (node collections that are not frozen: not kept)
-            return self._viable_now(need, nodes, exclude, fork)
+        got = self._viable.get(key)
         if got is not None and got[0] is fork and got[1] == fork.changes:
             return got[2]
         picked = self._viable_now(need, nodes, exclude, fork)
@@ -427,7 +425,7 @@ class GainPool:
         return picked
 
     def _viable_now(
-        self, need: int, nodes: Container[str], exclude: Container[str], fork: CapacityIndex
+        self, need: int, nodes: frozenset[str], exclude: frozenset[str], fork: CapacityIndex
     ) -> list[str]:
         status, free_gpu = fork.status, fork.free_gpu
         ready = NodeStatus.READY
@@ -536,9 +534,9 @@ def could_gain(
     w: Workload,
     shape: Shape,
     fork: CapacityIndex,
-    nodes: Container[str],
+    nodes: frozenset[str],
     taken: Container[str],
-    exclude: Container[str],
+    exclude: frozenset[str],
     pool: GainPool,
     now: float,
     drain: bool = False,
