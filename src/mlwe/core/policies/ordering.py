@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -254,8 +254,7 @@ class SizeAware:
         changed = cp.changed_since(synced[1])
         if changed is None:
             return None
-        if not self.estimator.fresh(self._kept_learned):
-            self._rekey_stale(now)
+        self._rekey_stale(now)
         self._synced = (cp, cp.journal_mark())
         if not changed:
             return list(map(_SECOND, self._sorted))
@@ -290,8 +289,7 @@ class SizeAware:
         are equal); a queue with a deadline in it is sorted in full at every call."""
         self._synced = None  # (whatever ``queued`` is: maybe not a whole queue)
         if self._kept is not None:
-            if not self.estimator.fresh(self._kept_learned):
-                self._rekey_stale(now)
+            self._rekey_stale(now)
             got = self._update(queued, now)
             if got is not None:
                 return got
@@ -310,9 +308,7 @@ class SizeAware:
             }
             self._sorted = pairs
             self._no_gpu = sum(1 for w in queued if not w.spec.resources.gpu)
-            self._kept_learned = min(
-                (keys[w.id][1] for w in queued), default=self.estimator.learned
-            )
+            self._kept_learned = self._oldest_learned(self._kept)
         return [w for _, w in pairs]
 
     def _update(self, queued: Sequence[Workload], now: float) -> list[Workload] | None:
@@ -338,23 +334,28 @@ class SizeAware:
         return self._apply(fresh, gone, now)
 
     def _rekey_stale(self, now: float) -> None:
-        """The estimator has learned enough since the oldest kept key to change keys:
-        re-key the kept workloads whose cached entry is stale (or is no longer the
-        one their kept key was read from), as a full sort would, and leave the rest
-        where they are (their key is what :meth:`key` gives now). A workload that
-        moved since it was kept is left to the caller's pass over what changed,
-        which decides whether it can be kept at all (a deadline, a run)."""
+        """Once the estimator has learned enough since the oldest kept key to change
+        keys: re-key the kept workloads whose cached entry is stale (or is no longer
+        the one their kept key was read from), as a full sort would, and leave the
+        rest where they are (their key is what :meth:`key` gives now). A workload
+        that moved since it was kept is left to the caller's pass over what
+        changed, which decides whether it can be kept at all (a deadline, a run)."""
         kept, keys, fresh = self._kept, self._keys, self.estimator.fresh
         assert kept is not None
+        if fresh(self._kept_learned):
+            return
         stale = [
             k[0] for wid, k in kept.items()
             if ((e := keys.get(wid)) is not k[5] or not fresh(e[1])) and _unchanged(k, k[0])
         ]
         if stale:
             self._apply(stale, [], now)
-        self._kept_learned = min(
-            (keys[wid][1] for wid in kept), default=self.estimator.learned
-        )
+        self._kept_learned = self._oldest_learned(kept)
+
+    def _oldest_learned(self, ids: Iterable[str]) -> int:
+        """The oldest learned count the cached keys of ``ids`` were read at."""
+        keys = self._keys
+        return min((keys[wid][1] for wid in ids), default=self.estimator.learned)
 
     def _apply(self, fresh: list[Workload], gone: list[str], now: float) -> list[Workload]:
         """The kept order without ``gone`` (ids, kept or not) and with ``fresh``
