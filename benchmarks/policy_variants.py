@@ -137,3 +137,29 @@ def backlog_rewait(durations: Mapping[str, float]) -> Scheduler:
     sched = _variant(gain_rewait_quantile=0.9)
     sched._backlog_variant = True  # type: ignore[attr-defined]
     return sched
+
+
+# ------------------------------------------------------------ resume quantum
+# (SchedulerConfig.gain_quantum_share; the default, 0.25, was chosen over these)
+
+
+def quantum_0(durations: Mapping[str, float]) -> Scheduler:
+    """No quantum after an eviction but the core's minimum (the default before stop 53)."""
+    return _variant(gain_quantum_share=0.0)
+
+
+def quantum_0125(durations: Mapping[str, float]) -> Scheduler:
+    """An equal evicted before is no victim among equals until its current run
+    lasts an eighth of the service it resumed from (the default: a quarter)."""
+    return _variant(gain_quantum_share=0.125)
+
+
+def quantum_05(durations: Mapping[str, float]) -> Scheduler:
+    """The same, half the service it resumed from."""
+    return _variant(gain_quantum_share=0.5)
+
+
+def quantum_1(durations: Mapping[str, float]) -> Scheduler:
+    """The same, all the service it resumed from (its attained service doubles
+    between evictions)."""
+    return _variant(gain_quantum_share=1.0)

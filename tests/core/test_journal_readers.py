@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from mlwe.core import ControlPlane, Exited
 from mlwe.core.actions import Evict, SetPriority, Start, Started, Submit
 from mlwe.core.gain import GainPool, Holders
@@ -26,10 +28,12 @@ def _reading(h: Holders) -> tuple[dict[str, Any], dict[str, int], dict[str, set[
     return members, dict(h.node_gpu), {n: set(ids) for n, ids in h.on_node.items()}
 
 
-def _check(cp: ControlPlane, kept: dict[int, Holders], now: float, rolled_back: bool) -> None:
+def _check(
+    cp: ControlPlane, kept: dict[int, Holders], now: float, rolled_back: bool, share: float
+) -> None:
     """Bring every kept reading up to ``now`` (it cannot be, and only then, after a
-    rollback) and compare it with a fresh one."""
-    cfg = SchedulerConfig(gain_preemption=True)
+    rollback) and compare it with a fresh one (both with the resume quantum's ``share``)."""
+    cfg = SchedulerConfig(gain_preemption=True, gain_quantum_share=share)
     ids = list(cp.holder_ids())
     assert sorted(ids, key=lambda i: cp.hold_key(cp.workloads[i])) == ids
     for p in PRIORITIES:
@@ -37,8 +41,8 @@ def _check(cp: ControlPlane, kept: dict[int, Holders], now: float, rolled_back: 
         if h is not None:
             assert h.refresh(cp, now) is not rolled_back
         if h is None or rolled_back:
-            h = kept[p] = Holders(cp, p, now)
-        fresh = Holders(cp, p, now)
+            h = kept[p] = Holders(cp, p, now, quantum_share=share)
+        fresh = Holders(cp, p, now, quantum_share=share)
         assert _reading(h) == _reading(fresh)
         # the pool reads the same members in the same (holder) order either way
         a = GainPool(cfg, lambda w, t: None, cp, p, now, h)
@@ -52,12 +56,12 @@ def _check(cp: ControlPlane, kept: dict[int, Holders], now: float, rolled_back: 
             )
 
 
-def _scenario(seed: int) -> tuple[int, int]:
+def _scenario(seed: int, share: float) -> tuple[int, int, int]:
     rng = random.Random(seed)
     cp, clock = cluster(*(gpu_node(f"n{i}", gpus=8) for i in range(5)))
     sched = default_scheduler()
     kept: dict[int, Holders] = {}
-    n = members_seen = 0
+    n = members_seen = resumed_seen = 0
     rollbacks = 0
     for _ in range(40):
         specs = []
@@ -67,6 +71,8 @@ def _scenario(seed: int) -> tuple[int, int]:
                 kw["replicas"] = 2
             if rng.random() < 0.5:
                 kw["estimated_duration"] = rng.choice([300.0, 50_000.0])
+            if rng.random() < 0.5:  # resumed runs: a quantum from the service saved
+                kw["checkpoint_interval"] = 300.0
             specs.append(gpu_job(f"w{n}", gpu=rng.choice([1, 2, 4, 8]), **kw))
             n += 1
         if specs:
@@ -103,17 +109,22 @@ def _scenario(seed: int) -> tuple[int, int]:
             rollbacks += 1
         # short steps cross the minimum quantum of some holders, long ones of all
         clock.advance(rng.choice([1.0, GAIN_MIN_QUANTUM_S / 3, GAIN_MIN_QUANTUM_S, 2000.0]))
-        _check(cp, kept, clock.now(), rolled_back and bool(kept))
+        _check(cp, kept, clock.now(), rolled_back and bool(kept), share)
         members_seen += sum(len(h.members) for h in kept.values())
-    return members_seen, rollbacks
+        resumed_seen += sum(
+            v.run_base_work > 0 for h in kept.values() for v, _ in h.members.values()
+        )
+    return members_seen, rollbacks, resumed_seen
 
 
-def test_kept_holders_are_what_a_fresh_reading_gives() -> None:
-    seen = rollbacks = 0
+@pytest.mark.parametrize("share", [0.0, 0.25])
+def test_kept_holders_are_what_a_fresh_reading_gives(share: float) -> None:
+    seen = rollbacks = resumed = 0
     for seed in range(6):
-        s, r = _scenario(seed)
-        seen, rollbacks = seen + s, rollbacks + r
-    assert seen > 200 and rollbacks > 0  # the scenarios kept holders worth comparing
+        s, r, m = _scenario(seed, share)
+        seen, rollbacks, resumed = seen + s, rollbacks + r, resumed + m
+    # the scenarios kept holders worth comparing, resumed runs among them
+    assert seen > 200 and rollbacks > 0 and resumed > 0
 
 
 def test_journal_says_what_changed_and_when_it_cannot() -> None:

@@ -167,6 +167,28 @@ def expected_left(
     return r if r is not None else max(attained(x, now), prior_s)
 
 
+def resume_quantum(v: Workload, share: float) -> float:
+    """Seconds ``v``'s current run must last before it may be a victim among equals:
+    the core's minimum quantum (:data:`mlwe.core.rules.GAIN_MIN_QUANTUM_S`) and,
+    for a run that resumed from saved service (after an eviction, a preemption
+    or a failure), ``share`` x that service (``SchedulerConfig.gain_quantum_share``).
+
+    A policy's bound, stricter than the core's rule: a long job evicted late is
+    not evicted again soon after each restart (an MLFQ's lower queues get longer
+    quanta likewise). Under a size-aware order an evicted long job goes back
+    behind everything shorter, so each eviction costs it a long wait; on
+    Philly's contended inputs (README, "Policy quality") the tail was made of
+    such jobs, evicted five times at the median."""
+    q = share * v.run_base_work
+    return q if q > GAIN_MIN_QUANTUM_S else GAIN_MIN_QUANTUM_S
+
+
+def rested(v: Workload, now: float, share: float) -> bool:
+    """Whether ``v``'s current run has lasted its :func:`resume_quantum` by ``now``."""
+    started = v.started_at
+    return started is not None and now - started >= resume_quantum(v, share)
+
+
 class Candidate(NamedTuple):
     """What a gain search reads of one holder it may consider as a victim (a named
     tuple: one is built per holder per cycle, and a frozen dataclass costs several
@@ -205,16 +227,20 @@ class Holders:
     would give (tests/core/test_journal_readers.py holds them equal)."""
 
     __slots__ = ("_ripening", "_young", "cp", "mark", "members", "node_gpu", "now", "on_node",
-                 "place", "priority", "rewaits", "spread")
+                 "place", "priority", "quantum_share", "rewaits", "spread")
 
     def __init__(
-        self, cp: ControlPlane, priority: int, now: float, rewaits: Rewaits | None = None
+        self, cp: ControlPlane, priority: int, now: float, rewaits: Rewaits | None = None,
+        quantum_share: float = 0.0,
     ) -> None:
         """``rewaits``: where the waits of evicted workloads placed again are learned
         (every holder it admits that was evicted before, of any priority, is
-        shown to it; None: nothing is learned)."""
+        shown to it; None: nothing is learned). ``quantum_share``: a holder whose
+        run resumed from saved service passes its quantum only once that run
+        lasts this share of it (:func:`resume_quantum`)."""
         self.cp = cp
         self.rewaits = rewaits
+        self.quantum_share = quantum_share
         self.priority = priority
         self.now = now
         self.mark = cp.journal_mark()
@@ -263,7 +289,7 @@ class Holders:
                 got = self._young.get(wid)
                 if got is None or got[0].started_at != started:
                     continue  # no longer young, or young again since (another entry)
-                if now - started < GAIN_MIN_QUANTUM_S:  # (the test as _admit spells it)
+                if now - started < resume_quantum(got[0], self.quantum_share):  # (as _admit)
                     later.append(entry)
                     continue
                 del self._young[wid]
@@ -285,9 +311,10 @@ class Holders:
         ):
             return
         entry = (v, _held(v))
-        if now - started < GAIN_MIN_QUANTUM_S:
+        quantum = resume_quantum(v, self.quantum_share)
+        if now - started < quantum:
             self._young[v.id] = entry
-            heapq.heappush(self._ripening, (started + GAIN_MIN_QUANTUM_S, v.id, started))
+            heapq.heappush(self._ripening, (started + quantum, v.id, started))
         else:
             self._add(v.id, entry)
 
@@ -363,7 +390,10 @@ class GainPool:
         self._remaining = remaining
         self._cfg = cfg
         self._prior = cfg.gain_prior_s
-        self._holders = holders if holders is not None else Holders(cp, priority, now)
+        self._holders = (
+            holders if holders is not None
+            else Holders(cp, priority, now, quantum_share=cfg.gain_quantum_share)
+        )
         #: where the victims' re-waits are read (None: they are not counted)
         self._rewaits = self._holders.rewaits if cfg.gain_rewait_quantile is not None else None
         #: expected remaining time per member, once read (NaN: an estimate that is
@@ -858,7 +888,11 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
     # the equals it examined that may pass at a later moment (see joint_wake)
     later: dict[str, Later] = {}
 
+    share = ask.cfg.gain_quantum_share
+
     def worth(v: Workload) -> bool:
+        if not rested(v, now, share):
+            return False  # (as the pool leaves it out)
         r_v = expect(v)
         rewait = ask.rewait(v)
         if r_v >= ratio * r_p and may_outlast(r_v, r_p, v, rewait):
@@ -974,8 +1008,12 @@ def drain_choice(ask: GainAsk) -> DrainPlan | None:
     r_p = expect(w)
     budget = ask.cfg.gain_wait_share * max(w.gpus(), 1e-3)
 
+    share = ask.cfg.gain_quantum_share
+
     def worth(v: Workload) -> bool:
-        return outlasts(expect(v), r_p, cost_of(v, now), ratio, ask.rewait(v))
+        return rested(v, now, share) and outlasts(
+            expect(v), r_p, cost_of(v, now), ratio, ask.rewait(v)
+        )
 
     choice = ask.select(worth)
     if choice is None or len({a.node for a in choice.allocs}) != 1:

@@ -9,6 +9,7 @@ decision records that explain them. ``run_cycle`` hands the plan to
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from mlwe.core.gain import (
     expected_left,
     gain_choice,
     outlasts,
+    rested,
     victim_rewait,
 )
 from mlwe.core.lifecycle import QUEUED, State
@@ -140,6 +142,13 @@ class SchedulerConfig:
     gain_rewait_quantile: float | None = None
     #: waits a class needs before its quantile counts (0.0 before)
     gain_rewait_min_runs: int = 3
+    #: a run that resumed from saved service (after an eviction) is no victim
+    #: among equals until it lasts this share of that service (and the core's
+    #: minimum quantum, GAIN_MIN_QUANTUM_S, in any case): a long job is not
+    #: evicted again soon after each restart (mlwe.core.gain.resume_quantum).
+    #: 0.0: the core's quantum only. 0.25: measured against 0, 0.125, 0.5 and 1
+    #: over the Philly replicas, ITP and the eight windows (README, "Policy quality")
+    gain_quantum_share: float = 0.25
 
     def __post_init__(self) -> None:
         q = self.gain_rewait_quantile
@@ -147,6 +156,9 @@ class SchedulerConfig:
             raise ValueError(f"gain_rewait_quantile {q!r} is not a number within [0, 1]")
         if self.gain_rewait_min_runs < 1:
             raise ValueError(f"gain_rewait_min_runs {self.gain_rewait_min_runs!r} is below 1")
+        s = self.gain_quantum_share
+        if not 0.0 <= s < math.inf:
+            raise ValueError(f"gain_quantum_share {s!r} is not a finite number >= 0")
 
 
 class Scheduler:
@@ -756,12 +768,18 @@ class Scheduler:
             holders = self._holders.get(w.priority)
             # (the waits of evicted workloads are learned only where they count)
             learn = self.rewaits if self.config.gain_rewait_quantile is not None else None
-            if holders is None or holders.rewaits is not learn or not holders.refresh(
-                cp, cycle.now
+            share = self.config.gain_quantum_share
+            if (
+                holders is None
+                or holders.rewaits is not learn
+                or holders.quantum_share != share
+                or not holders.refresh(cp, cycle.now)
             ):
                 if len(self._holders) > 64:
                     self._holders.clear()
-                holders = self._holders[w.priority] = Holders(cp, w.priority, cycle.now, learn)
+                holders = self._holders[w.priority] = Holders(
+                    cp, w.priority, cycle.now, learn, share
+                )
             pool = cycle.gain_pools[w.priority] = GainPool(
                 self.config, self.remaining, cp, w.priority, cycle.now, holders
             )
@@ -865,6 +883,7 @@ class Scheduler:
                 or vid in cycle.taken
                 or v.priority != p.priority
                 or gain_violations(p, v, now)
+                or not rested(v, now, cfg.gain_quantum_share)
                 or preemptible(v, now) is not None
             ):
                 return False
