@@ -198,7 +198,9 @@ def _reference_candidates(
             or v.state not in EVICTABLE
             or v.preemptions >= GAIN_MAX_PREEMPTIONS
             or v.started_at is None
-            or now - v.started_at < GAIN_MIN_QUANTUM_S
+            # the core's minimum quantum, and the policy's share of a resumed run's
+            # saved service
+            or now - v.started_at < max(GAIN_MIN_QUANTUM_S, cfg.gain_quantum_share * v.run_base_work)
         ):
             continue
         iv = v.spec.checkpoint_interval
@@ -255,7 +257,8 @@ def test_gain_pool_candidates_are_the_rules_field_for_field() -> None:
     holders = [cp.workloads[w] for w in cp.holder_ids()]
     assert len(holders) > 20
     for v in holders:  # what earlier runs and reports would have left behind
-        v.run_base_work = rng.choice([0.0, 0.0, rng.uniform(10, 500)])
+        # (a resumed run with much saved service passes its quantum only later)
+        v.run_base_work = rng.choice([0.0, 0.0, rng.uniform(10, 500), rng.uniform(2400, 40_000)])
         v.work_done = max(v.run_base_work, rng.choice([0.0, rng.uniform(0, 900)]))
         v.last_checkpoint_at = rng.choice([None, (v.started_at or 0.0) + rng.uniform(0, 3000)])
         v.progress = rng.choice([0.0, 0.3, 0.7])
@@ -271,7 +274,7 @@ def test_gain_pool_candidates_are_the_rules_field_for_field() -> None:
         for remaining in (user_only, sched.remaining):
             for priority in (50, 60):
                 pool = GainPool(cfg, remaining, cp, priority, now,
-                                Holders(cp, priority, now, rewaits))
+                                Holders(cp, priority, now, rewaits, cfg.gain_quantum_share))
                 want = _reference_candidates(cfg, remaining, cp, priority, now, rewaits)
                 # a search reads the candidates down to its floor, longest first
                 floor = sorted(c.left for c in want)[len(want) // 2] if want else 0.0
@@ -344,6 +347,9 @@ def _pool_and_rules_agree(seed: int) -> tuple[int, int, int]:
     for v in (cp.workloads[w] for w in cp.holder_ids()):
         v.last_checkpoint_at = rng.choice([None, (v.started_at or 0.0) + rng.uniform(0, 900)])
         v.preemptions = rng.choice([0, 0, 1, GAIN_MAX_PREEMPTIONS])
+        if rng.random() < 0.3:  # resumed from saved service: a longer quantum
+            v.run_base_work = rng.uniform(2400, 12_000)
+            v.work_done = max(v.work_done, v.run_base_work)
     waiting = [w for w in cp.workloads.values() if w.state in QUEUED]
     assert len(waiting) > 10 and sched.estimator is not None and sched.estimator.learned > 5
     found = missed = moved = 0
@@ -357,7 +363,7 @@ def _pool_and_rules_agree(seed: int) -> tuple[int, int, int]:
             per_cfg = []
             for cfg in (SchedulerConfig(gain_preemption=True), REWAIT_CFG):
                 pool = GainPool(cfg, sched.remaining, cp, p.priority, now,
-                                Holders(cp, p.priority, now, rewaits))
+                                Holders(cp, p.priority, now, rewaits, cfg.gain_quantum_share))
                 answers = []
                 for with_pool in (None, pool):
                     ask = GainAsk(cfg, sched.remaining, CheapestVictims(), cp,

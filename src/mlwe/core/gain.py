@@ -390,10 +390,15 @@ class GainPool:
         self._remaining = remaining
         self._cfg = cfg
         self._prior = cfg.gain_prior_s
-        self._holders = (
-            holders if holders is not None
-            else Holders(cp, priority, now, quantum_share=cfg.gain_quantum_share)
-        )
+        share = cfg.gain_quantum_share
+        if holders is None:
+            holders = Holders(cp, priority, now, quantum_share=share)
+        elif holders.quantum_share != share:
+            raise ValueError(
+                f"holders kept with quantum share {holders.quantum_share!r}, not the"
+                f" configuration's {share!r}"
+            )
+        self._holders = holders
         #: where the victims' re-waits are read (None: they are not counted)
         self._rewaits = self._holders.rewaits if cfg.gain_rewait_quantile is not None else None
         #: expected remaining time per member, once read (NaN: an estimate that is
