@@ -11,10 +11,11 @@ from dataclasses import replace
 import pytest
 
 from mlwe.core.actions import Evict
+from mlwe.core.clock import ManualClock
 from mlwe.core.controlplane import ControlPlane
 from mlwe.core.gain import GainAsk, GainPool, could_gain, gain_choice, resume_quantum
 from mlwe.core.lifecycle import State
-from mlwe.core.model import shape_of
+from mlwe.core.model import Workload, shape_of
 from mlwe.core.policies.deadline import INF
 from mlwe.core.policies.preemption import CheapestVictims, candidate_nodes
 from mlwe.core.rules import GAIN_MIN_QUANTUM_S
@@ -36,7 +37,7 @@ PERIOD = 1800.0
 SAVED = 40 * PERIOD  # the service the long job resumes from
 
 
-def _resumed() -> tuple[ControlPlane, object]:
+def _resumed() -> tuple[ControlPlane, ManualClock]:
     """One 8-GPU node; a long job ran 40 checkpoint periods, was evicted, and now
     runs again from its last checkpoint; a short job of the same priority waits."""
     cp, clock = cluster(gpu_node("n0", gpus=8))
@@ -60,8 +61,8 @@ def _searches(cp: ControlPlane, cfg: SchedulerConfig) -> tuple[bool, bool]:
     shape = shape_of(w.spec, (A100,))
     fork = cp.capacity.fork()
 
-    def remaining(x: object, t: float) -> float | None:
-        return x.remaining_estimate(t)  # type: ignore[attr-defined]
+    def remaining(x: Workload, t: float) -> float | None:
+        return x.remaining_estimate(t)
 
     nodes = frozenset(candidate_nodes(fork, shape))
     pool = GainPool(cfg, remaining, cp, w.priority, now)

@@ -184,9 +184,9 @@ def resume_quantum(v: Workload, share: float) -> float:
 
 
 def rested(v: Workload, now: float, share: float) -> bool:
-    """Whether ``v``'s current run has lasted its :func:`resume_quantum` by ``now``."""
-    started = v.started_at
-    return started is not None and now - started >= resume_quantum(v, share)
+    """Whether ``v``'s current run has lasted its :func:`resume_quantum` by ``now``
+    (one not started has run 0 s: never, as the quantum is at least the core's)."""
+    return v.runtime(now) >= resume_quantum(v, share)
 
 
 class Candidate(NamedTuple):
