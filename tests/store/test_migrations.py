@@ -231,6 +231,36 @@ def test_postgres_connection_dropped_mid_run_loses_nothing(pg_schema) -> None:
     assert health.report().status == "ok"
 
 
+def test_postgres_failed_pre_ping_of_any_kind_reconnects(pg_schema, monkeypatch) -> None:
+    """A pooled connection whose pre-ping fails with an error SQLAlchemy does not know
+    as a disconnect (psycopg's "can't change 'autocommit' now", raised when the server
+    ends the connection during the ping: seen under load in the test above) is
+    replaced by a new one: the write goes through once, nothing is lost."""
+    import psycopg
+
+    engine = pg_schema()
+    db.migrate(engine)
+    health = db.Health()
+    repo = Repository(engine, health=health, retry_base_delay=0.01)
+    repo.meta_set("before", "1")  # a connection now waits in the pool, to be pinged
+    ping = engine.dialect.do_ping
+    pings = []
+
+    def failing_once(conn):  # type: ignore[no-untyped-def]
+        pings.append(conn)
+        if len(pings) == 1:
+            raise psycopg.ProgrammingError(
+                "can't change 'autocommit' now: connection in transaction status ACTIVE"
+            )
+        return ping(conn)
+
+    monkeypatch.setattr(engine.dialect, "do_ping", failing_once)
+    repo.meta_set("after", "2")
+    assert len(pings) >= 1  # the pooled connection was pinged, and failed
+    assert [repo.meta_get("before"), repo.meta_get("after")] == ["1", "2"]
+    assert health.report().to_dict()["consecutive_failures"] == 0
+
+
 def test_postgres_connection_lost_inside_a_transaction_is_retried(pg_schema) -> None:
     """The server drops the connection mid-transaction: the whole unit is retried on a new
     connection, health says degraded meanwhile, and the write is there exactly once."""

@@ -41,7 +41,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from mlwe.core.extras import missing_extra
@@ -141,7 +141,9 @@ def make_engine(
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", schema_name):
                 raise ValueError(f"invalid schema name {schema_name!r}")
             connect_args["options"] = f"-csearch_path={schema_name}"
-        return create_engine(u, echo=echo, pool_pre_ping=True, connect_args=connect_args)
+        engine = create_engine(u, echo=echo, pool_pre_ping=True, connect_args=connect_args)
+        event.listen(engine, "handle_error", _failed_ping_is_a_disconnect)
+        return engine
     raise ValueError(
         f"unsupported database {redact_url(url)!r}: use sqlite:///PATH or"
         " postgresql+psycopg://USER@HOST/DB"
@@ -318,6 +320,19 @@ HEALTH = Health()
 def health() -> dict[str, Any]:
     """``{"status": "ok" | "degraded", "last_error": ..., ...}`` for the process's store."""
     return HEALTH.report().to_dict()
+
+
+def _failed_ping_is_a_disconnect(ctx: ExceptionContext) -> None:
+    """Any error in the pool's pre-ping means the pooled connection is unusable:
+    count it as a disconnect, so the pool opens a new connection instead of
+    failing the checkout. Seen with psycopg when the server ends a pooled
+    connection while it is pinged: the ping's ``SELECT 1`` fails, then setting
+    autocommit back in the dialect's ``finally`` raises ``ProgrammingError: can't
+    change 'autocommit' now: connection in transaction status ACTIVE``, which
+    SQLAlchemy does not know as a disconnect, so the write failed where a
+    reconnect was due (tests/store/test_migrations.py)."""
+    if ctx.is_pre_ping:
+        ctx.is_disconnect = True
 
 
 def _describe(exc: BaseException) -> str:
