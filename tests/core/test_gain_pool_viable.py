@@ -69,3 +69,42 @@ def test_viable_members_are_read_anew_once_the_fork_changes() -> None:
     part = frozenset({"n0", "n2"})
     assert pool.viable(8000, part, NONE, fork) == ["a", "c"]
     assert pool.viable(8000, part, NONE, fork) is pool.viable(8000, part, NONE, fork)
+
+
+def test_reach_is_where_members_could_make_room_and_every_node_they_hold_on() -> None:
+    """GainPool.reach: the nodes a gain search among the pool's members must read.
+    A node where the free GPU and every member's there fall short is left out,
+    unless a member that could make room elsewhere holds on it too (a gang spread
+    out: the search reads it first wherever it comes first)."""
+    cp, clock = cluster(*(gpu_node(f"n{i}", gpus=8) for i in range(5)))
+    running_on(cp, gpu_job("g", gpu=4, replicas=2), "n0", "n1")  # spread out
+    running_on(cp, gpu_job("a", gpu=4), "n0")
+    running_on(cp, gpu_job("h", gpu=4, priority=90), "n1")  # not an equal: not a member
+    running_on(cp, gpu_job("b", gpu=2), "n2")  # 6 GPU free beside it
+    running_on(cp, gpu_job("c", gpu=2), "n3")
+    running_on(cp, gpu_job("h2", gpu=6, priority=90), "n3")
+    clock.advance(GAIN_MIN_QUANTUM_S + 1)
+    pool = GainPool(CFG, lambda w, t: None, cp, 50, cp.now())
+    fork = cp.capacity.fork()
+    assert pool.spread == 1
+
+    # n0 (g and a) and n2 (b and 6 free) reach 8; n1 does not, but g holds there; n3
+    # (c, 2 of its 8) does not, nor does n4 (no member)
+    first = pool.reach(8000, NONE, fork)
+    assert first == {"n0", "n1", "n2"}
+    assert pool.reach(8000, NONE, fork) is first  # (kept: the fork is unchanged)
+    # n0 excluded: g makes room nowhere, and n1 is left out with it
+    assert pool.reach(8000, frozenset({"n0"}), fork) == {"n2"}
+    # smaller replicas: 4 GPU (g alone on n1 frees that), 2 (c alone on n3 too)
+    assert pool.reach(4000, NONE, fork) == {"n0", "n1", "n2"}
+    assert pool.reach(2000, NONE, fork) == {"n0", "n1", "n2", "n3"}
+    # the fork changed: read anew (a 6-GPU placement on n2 leaves b short of 8)
+    submit(cp, gpu_job("p", gpu=6))
+    p = cp.get("p")
+    alloc = fork.fit_on("n2", shape_of(p.spec, accepted_models(cp, p)))
+    assert alloc is not None
+    fork.allocate(alloc)
+    assert pool.reach(8000, NONE, fork) == {"n0", "n1"}
+    # a cordoned node is no room
+    fork.set_status("n0", NodeStatus.CORDONED)
+    assert pool.reach(8000, NONE, fork) == frozenset()

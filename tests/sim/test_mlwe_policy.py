@@ -226,3 +226,47 @@ def test_a_reservation_left_unprojected_would_have_let_no_search_find_victims(
     run(contended)
     assert len(skipped) > 100 and projected  # both paths were taken
     assert len(exhausted) < len(skipped)  # and most skips were answered by the gain test
+
+
+@SCANS
+def test_a_gain_search_within_the_pools_reach_finds_what_a_full_search_finds(
+    contended: Trace, monkeypatch: pytest.MonkeyPatch, max_scan: int | None
+) -> None:
+    """A gain search with the cycle's pool reads the holders of only the nodes in
+    the pool's reach (GainPool.reach): elsewhere no set of its equals frees
+    enough. Every such search is checked against the same search reading every
+    node it examines: the same choice (victims, places, cost, alternatives,
+    nodes examined), the same wake time (as the scheduler keeps it: the lesser of
+    the one it has and the search's) and the same rotating start after it,
+    so the decisions are unchanged. Also on a window of the nodes."""
+    from mlwe.core import scheduler as sched
+    from mlwe.core.gain import GainAsk, GainPool, gain_choice
+    from mlwe.core.policies.preemption import CheapestVictims, candidate_nodes
+
+    _scanning_at_most(monkeypatch, max_scan)
+    narrowed: list[int] = []  # nodes left out of each search's reach
+    reach = GainPool.reach
+
+    def checked(ask: GainAsk, cap: float = float("inf")) -> tuple[object, float]:
+        policy = ask.preemption
+        assert isinstance(policy, CheapestVictims)
+        before = policy._cursor
+        if ask.pool is None:
+            return gain_choice(ask, cap)
+        got, wake = gain_choice(ask, cap)
+        after = policy._cursor
+        within = reach(ask.pool, ask.shape.gpu, ask.exclude, ask.fork)
+        narrowed.append(len(set(candidate_nodes(ask.fork, ask.shape)) - within))
+        policy._cursor = before
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(GainPool, "reach", lambda *a: None)  # every examined node read
+            full, full_wake = gain_choice(ask, cap)
+        assert policy._cursor == after
+        # (a search that read no equal that may pass later answers INF, one that read
+        # some on nodes that never fit answers the cap: the scheduler keeps the lesser)
+        assert (min(cap, wake), got) == (min(cap, full_wake), full), ask.w.id
+        return got, wake
+
+    monkeypatch.setattr(sched, "gain_choice", checked)
+    run(contended)
+    assert len(narrowed) > 20 and sum(1 for n in narrowed if n) > 10

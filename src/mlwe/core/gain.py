@@ -373,8 +373,8 @@ class GainPool:
     down to a floor (a victim must be expected to run at least ``gain_ratio``
     times longer than its preemptor), for a reader that wants them in that order."""
 
-    __slots__ = ("_cfg", "_full", "_holders", "_left", "_now", "_prior", "_remaining",
-                 "_rewaits", "_viable")
+    __slots__ = ("_cfg", "_full", "_holders", "_left", "_now", "_prior", "_reach",
+                 "_remaining", "_rewaits", "_viable")
 
     def __init__(
         self,
@@ -409,6 +409,10 @@ class GainPool:
         #: of changes it read (the members do not change within the cycle)
         self._viable: dict[
             tuple[int, frozenset[str], frozenset[str]], tuple[CapacityIndex, int, list[str]]
+        ] = {}
+        #: what :meth:`reach` answered, kept the same way
+        self._reach: dict[
+            tuple[int, frozenset[str]], tuple[CapacityIndex, int, frozenset[str]]
         ] = {}
 
     @property
@@ -457,6 +461,39 @@ class GainPool:
             return got[2]
         picked = self._viable_now(need, nodes, exclude, fork)
         self._viable[key] = (fork, fork.changes, picked)
+        return picked
+
+    def reach(self, need: int, exclude: frozenset[str], fork: CapacityIndex) -> frozenset[str]:
+        """The nodes a victim search among these holders for a replica asking
+        ``need`` GPU must read (a search given only the pool's members as
+        equals): every node a member holds on where it could make room (a ready
+        node outside ``exclude`` where the free GPU on ``fork`` and that of
+        every member there reach ``need``, as :meth:`viable`), and every other
+        node those members hold on. Elsewhere no victim set frees enough, and
+        no holder there is one that could be a victim where it would: a search
+        that skips the rest finds the same victims and reads the same equals
+        in the same order (see :meth:`CheapestVictims.select`'s ``within``)."""
+        key = (need, exclude)
+        got = self._reach.get(key)
+        if got is not None and got[0] is fork and got[1] == fork.changes:
+            return got[2]
+        status, free_gpu = fork.status, fork.free_gpu
+        ready = NodeStatus.READY
+        h = self._holders
+        members, on_node = h.members, h.on_node
+        out: set[str] = set()
+        for node, gpu in h.node_gpu.items():
+            if (
+                node not in exclude
+                and free_gpu(node) + gpu >= need
+                and status(node) is ready
+            ):
+                out.add(node)
+                if h.spread:
+                    for wid in on_node[node]:
+                        out.update(n for n, _ in members[wid][1])
+        picked = frozenset(out)
+        self._reach[key] = (fork, fork.changes, picked)
         return picked
 
     def _viable_now(
@@ -863,11 +900,19 @@ class GainAsk(NamedTuple):
         """``v``'s expected wait to be placed again if evicted now (:func:`victim_rewait`)."""
         return victim_rewait(self.cfg, self.rewaits, v, self.now)
 
-    def select(self, worth: Callable[[Workload], bool]) -> VictimChoice | None:
-        """The victim policy's choice among the equals that pass ``worth``."""
+    def select(
+        self, worth: Callable[[Workload], bool], within: frozenset[str] | None = None
+    ) -> VictimChoice | None:
+        """The victim policy's choice among the equals that pass ``worth``
+        (``within``: the only nodes where some may, for a :class:`CheapestVictims`)."""
         select: Callable[..., VictimChoice | None] = self.preemption.select
+        if within is None:
+            return select(
+                self.cp, self.fork, self.w, self.shape, self.taken, self.exclude, equals=worth
+            )
         return select(
-            self.cp, self.fork, self.w, self.shape, self.taken, self.exclude, equals=worth
+            self.cp, self.fork, self.w, self.shape, self.taken, self.exclude, equals=worth,
+            within=within,
         )
 
 
@@ -935,7 +980,11 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
 
     if not takes_equals(ask.preemption):
         return None, INF  # a victim policy that knows no "equals"
-    choice = ask.select(worth if pool is None else worth_in_pool)
+    if pool is None:
+        choice = ask.select(worth)
+    else:
+        # (a pool is made only for a CheapestVictims: Scheduler._gain_pool)
+        choice = ask.select(worth_in_pool, pool.reach(ask.shape.gpu, ask.exclude, ask.fork))
     if choice is None:
         return None, wake()
     gain, cost, rewaited = _gain_and_cost(ask, choice, r_p, lambda v: cost_of(v, now))

@@ -252,9 +252,15 @@ class CheapestVictims:
         taken: set[str],
         exclude: Container[str] = (),
         equals: Callable[[Workload], bool] | None = None,
+        within: Container[str] | None = None,
     ) -> VictimChoice | None:
         """As the protocol says; ``equals`` (optional) admits victims of the
-        preemptor's own priority for which it returns True (reason "gain")."""
+        preemptor's own priority for which it returns True (reason "gain").
+        ``within`` (optional): the caller knows that no node outside it holds a
+        victim set, nor a victim that ``equals`` should see first there (see
+        :meth:`mlwe.core.gain.GainPool.reach`); the scan then counts those nodes
+        (the rotating start and the ranks are as without it) but reads none of
+        their holders."""
         now = cp.now()
         qp = cp.queues[p.queue]
         after = [u + r for u, r in zip(qp.usage, p.request().as_tuple())]
@@ -269,7 +275,7 @@ class CheapestVictims:
         if not nodes:
             return None
         eligible = _eligibility(cp, p, taken, equals, reclaim_ok, now)
-        return self._search(cp, fork, p, shape, nodes, exclude, eligible, now)
+        return self._search(cp, fork, p, shape, nodes, exclude, eligible, now, within)
 
     def pass_over(
         self,
@@ -326,6 +332,7 @@ class CheapestVictims:
         exclude: Container[str],
         eligible: Callable[[Workload], PreemptReason | None],
         now: float,
+        within: Container[str] | None = None,
     ) -> VictimChoice | None:
         """Replica by replica: free room if there is some, else the cheapest candidate
         node's victims (None: some replica finds neither). ``f`` is never changed:
@@ -346,7 +353,9 @@ class CheapestVictims:
                     f.allocate(free_alloc)
                 s.place(free_alloc)
                 continue
-            best, found, scanned = self._scan(cp, f, nodes, shape, excl, s.chosen, eligible, now)
+            best, found, scanned = self._scan(
+                cp, f, nodes, shape, excl, s.chosen, eligible, now, within
+            )
             s.examined += scanned
             s.feasible_total += len(found)
             if best is None:
@@ -384,10 +393,12 @@ class CheapestVictims:
         chosen: Mapping[str, object],
         eligible: Callable[[Workload], PreemptReason | None],
         now: float,
+        within: Container[str] | None = None,
     ) -> tuple[_Candidate | None, list[_Candidate], int]:
         """One replica's dry runs: nodes from the rotating cursor, until
         ``max_candidates`` nodes where it would fit (or ``max_scan`` examined);
-        the cheapest candidate, all of them, and how many nodes were examined."""
+        the cheapest candidate, all of them, and how many nodes were examined
+        (those outside ``within`` count as examined, unread)."""
         best: _Candidate | None = None
         found: list[_Candidate] = []
         _, window = self.window(nodes)  # (what a gain test reads for such a scan)
@@ -396,7 +407,11 @@ class CheapestVictims:
         ready = NodeStatus.READY
         for i, node in enumerate(window):
             scanned = i + 1
-            if node not in excl and status(node) is ready:
+            if (
+                node not in excl
+                and (within is None or node in within)
+                and status(node) is ready
+            ):
                 vs = []
                 for wid in holders(node, ()):
                     if wid in chosen:
