@@ -470,9 +470,12 @@ class GainPool:
         node outside ``exclude`` where the free GPU on ``fork`` and that of
         every member there reach ``need``, as :meth:`viable`), and every other
         node those members hold on. Elsewhere no victim set frees enough, and
-        no holder there is one that could be a victim where it would: a search
-        that skips the rest finds the same victims and reads the same equals
-        in the same order (see :meth:`CheapestVictims.select`'s ``within``)."""
+        every member there holds only on nodes that fall short: a search that
+        skips the rest finds the same victims, and of the equals it would have
+        read, leaves out only those that no later moment helps either (what
+        :func:`joint_wake` passes over). The victim search's ``within``
+        (:meth:`CheapestVictims.select`); tests/sim/test_mlwe_policy.py checks
+        every such search against the full one."""
         key = (need, exclude)
         got = self._reach.get(key)
         if got is not None and got[0] is fork and got[1] == fork.changes:
