@@ -87,24 +87,25 @@ def test_reach_is_where_members_could_make_room_and_every_node_they_hold_on() ->
     pool = GainPool(CFG, lambda w, t: None, cp, 50, cp.now())
     fork = cp.capacity.fork()
     assert pool.spread == 1
+    every = frozenset(f"n{i}" for i in range(5))
 
     # n0 (g and a) and n2 (b and 6 free) reach 8; n1 does not, but g holds there; n3
     # (c, 2 of its 8) does not, nor does n4 (no member)
-    first = pool.reach(8000, NONE, fork)
+    first = pool.reach(8000, every, NONE, fork)
     assert first == {"n0", "n1", "n2"}
-    assert pool.reach(8000, NONE, fork) is first  # (kept: the fork is unchanged)
+    assert pool.reach(8000, every, NONE, fork) is first  # (kept: the fork is unchanged)
     # n0 excluded: g makes room nowhere, and n1 is left out with it
-    assert pool.reach(8000, frozenset({"n0"}), fork) == {"n2"}
+    assert pool.reach(8000, every, frozenset({"n0"}), fork) == {"n2"}
     # smaller replicas: 4 GPU (g alone on n1 frees that), 2 (c alone on n3 too)
-    assert pool.reach(4000, NONE, fork) == {"n0", "n1", "n2"}
-    assert pool.reach(2000, NONE, fork) == {"n0", "n1", "n2", "n3"}
+    assert pool.reach(4000, every, NONE, fork) == {"n0", "n1", "n2"}
+    assert pool.reach(2000, every, NONE, fork) == {"n0", "n1", "n2", "n3"}
     # the fork changed: read anew (a 6-GPU placement on n2 leaves b short of 8)
     submit(cp, gpu_job("p", gpu=6))
     p = cp.get("p")
     alloc = fork.fit_on("n2", shape_of(p.spec, accepted_models(cp, p)))
     assert alloc is not None
     fork.allocate(alloc)
-    assert pool.reach(8000, NONE, fork) == {"n0", "n1"}
+    assert pool.reach(8000, every, NONE, fork) == {"n0", "n1"}
     # a cordoned node is no room
     fork.set_status("n0", NodeStatus.CORDONED)
-    assert pool.reach(8000, NONE, fork) == frozenset()
+    assert pool.reach(8000, every, NONE, fork) == frozenset()

@@ -255,8 +255,9 @@ def test_a_gain_search_within_the_pools_reach_finds_what_a_full_search_finds(
             return gain_choice(ask, cap)
         got, wake = gain_choice(ask, cap)
         after = policy._cursor
-        within = reach(ask.pool, ask.shape.gpu, ask.exclude, ask.fork)
-        narrowed.append(len(set(candidate_nodes(ask.fork, ask.shape)) - within))
+        nodes = frozenset(candidate_nodes(ask.fork, ask.shape))
+        within = reach(ask.pool, ask.shape.gpu, nodes, ask.exclude, ask.fork)
+        narrowed.append(len(nodes - within))
         policy._cursor = before
         with pytest.MonkeyPatch.context() as m:
             m.setattr(GainPool, "reach", lambda *a: None)  # every examined node read

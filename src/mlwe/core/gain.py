@@ -410,10 +410,8 @@ class GainPool:
         self._viable: dict[
             tuple[int, frozenset[str], frozenset[str]], tuple[CapacityIndex, int, list[str]]
         ] = {}
-        #: what :meth:`reach` answered, kept the same way
-        self._reach: dict[
-            tuple[int, frozenset[str]], tuple[CapacityIndex, int, frozenset[str]]
-        ] = {}
+        #: what :meth:`reach` last answered, and the list of :meth:`viable` it read
+        self._reach: tuple[list[str], frozenset[str]] | None = None
 
     @property
     def spread(self) -> int:
@@ -463,41 +461,28 @@ class GainPool:
         self._viable[key] = (fork, fork.changes, picked)
         return picked
 
-    def reach(self, need: int, exclude: frozenset[str], fork: CapacityIndex) -> frozenset[str]:
-        """The nodes a victim search among these holders for a replica asking
-        ``need`` GPU must read (a search given only the pool's members as
-        equals): every node a member holds on where it could make room (a ready
-        node outside ``exclude`` where the free GPU on ``fork`` and that of
-        every member there reach ``need``, as :meth:`viable`), and every other
-        node those members hold on. Elsewhere no victim set frees enough, and
-        every member there holds only on nodes that fall short: a search that
-        skips the rest finds the same victims, and of the equals it would have
-        read, leaves out only those that no later moment helps either (what
-        :func:`joint_wake` passes over). The victim search's ``within``
-        (:meth:`CheapestVictims.select`); tests/sim/test_mlwe_policy.py checks
-        every such search against the full one."""
-        key = (need, exclude)
-        got = self._reach.get(key)
-        if got is not None and got[0] is fork and got[1] == fork.changes:
-            return got[2]
-        status, free_gpu = fork.status, fork.free_gpu
-        ready = NodeStatus.READY
-        h = self._holders
-        members, on_node = h.members, h.on_node
-        out: set[str] = set()
-        for node, gpu in h.node_gpu.items():
-            if (
-                node not in exclude
-                and free_gpu(node) + gpu >= need
-                and status(node) is ready
-            ):
-                out.add(node)
-                if h.spread:
-                    for wid in on_node[node]:
-                        out.update(n for n, _ in members[wid][1])
-        picked = frozenset(out)
-        self._reach[key] = (fork, fork.changes, picked)
-        return picked
+    def reach(
+        self, need: int, nodes: frozenset[str], exclude: frozenset[str], fork: CapacityIndex
+    ) -> frozenset[str]:
+        """The nodes a victim search over ``nodes`` among these holders, for a
+        replica asking ``need`` GPU, must read (a search given only the pool's
+        members as equals): every node the members of :meth:`viable` hold on
+        (where they could make room, and the other nodes of a gang spread out).
+        Elsewhere no victim set frees enough, and every member there holds only
+        on nodes that fall short: a search that skips the rest finds the same
+        victims, and of the equals it would have read, leaves out only those
+        that no later moment helps either (what :func:`joint_wake` passes over).
+        The victim search's ``within`` (:meth:`CheapestVictims.select`);
+        tests/sim/test_mlwe_policy.py checks every such search against the full
+        one. Kept while :meth:`viable` answers with the same list."""
+        picked = self.viable(need, nodes, exclude, fork)
+        got = self._reach
+        if got is not None and got[0] is picked:
+            return got[1]
+        members = self._holders.members
+        out = frozenset(n for wid in picked for n, _ in members[wid][1])
+        self._reach = (picked, out)
+        return out
 
     def _viable_now(
         self, need: int, nodes: frozenset[str], exclude: frozenset[str], fork: CapacityIndex
@@ -909,13 +894,10 @@ class GainAsk(NamedTuple):
         """The victim policy's choice among the equals that pass ``worth``
         (``within``: the only nodes where some may, for a :class:`CheapestVictims`)."""
         select: Callable[..., VictimChoice | None] = self.preemption.select
-        if within is None:
-            return select(
-                self.cp, self.fork, self.w, self.shape, self.taken, self.exclude, equals=worth
-            )
+        extra = {} if within is None else {"within": within}
         return select(
             self.cp, self.fork, self.w, self.shape, self.taken, self.exclude, equals=worth,
-            within=within,
+            **extra,
         )
 
 
@@ -959,6 +941,7 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
         return not too_much
 
     pool = ask.pool
+    nodes: frozenset[str] | None = None  # the candidate nodes, once a set of them is made
 
     def worth_in_pool(v: Workload) -> bool:
         # worth(), on what the cycle's pool already computed of v (the same
@@ -978,7 +961,8 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
             return INF
         return joint_wake(
             list(later.values()), r_p, ratio, budget, ask.shape.gpu, ask.fork,
-            frozenset(candidate_nodes(ask.fork, ask.shape)), ask.exclude, now, cap,
+            frozenset(candidate_nodes(ask.fork, ask.shape)) if nodes is None else nodes,
+            ask.exclude, now, cap,
         )
 
     if not takes_equals(ask.preemption):
@@ -987,7 +971,10 @@ def gain_choice(ask: GainAsk, cap: float = INF) -> tuple[GainChoice | None, floa
         choice = ask.select(worth)
     else:
         # (a pool is made only for a CheapestVictims: Scheduler._gain_pool)
-        choice = ask.select(worth_in_pool, pool.reach(ask.shape.gpu, ask.exclude, ask.fork))
+        nodes = frozenset(candidate_nodes(ask.fork, ask.shape))
+        choice = ask.select(
+            worth_in_pool, pool.reach(ask.shape.gpu, nodes, ask.exclude, ask.fork)
+        )
     if choice is None:
         return None, wake()
     gain, cost, rewaited = _gain_and_cost(ask, choice, r_p, lambda v: cost_of(v, now))
