@@ -503,7 +503,9 @@ class RuntimeEstimator:
     def note_submitted(self, w: Workload) -> None:
         """Remember the prediction made when ``w`` arrived (for the error figures)."""
         if w.id not in self._at_submit:
-            e = self._predict(w.spec, 0.0, self.keys_for(w))[0]  # keys kept per workload
+            # (through the kept predictions: at a first placement the order has
+            # usually just asked the same of the same epoch)
+            e = self.estimate(w, 0.0)
             self._at_submit[w.id] = None if e is None or e.source == "user" else e.total_s
 
     def note_completed(self, w: Workload, run_s: float) -> None:

@@ -44,29 +44,29 @@ def place_record(
     reservation: Reservation | None,
     cause_id: str | None,
 ) -> DecisionRecord:
-    nodes = list(dict.fromkeys(a.node for a in allocs))
-    model = cp.capacity.info(nodes[0]).gpu_model
-    why = [
-        f"placed {shape_text(shape, w.spec.replicas, model)} on {', '.join(nodes[:8])}"
-        + (f" (+{len(nodes) - 8} more)" if len(nodes) > 8 else "")
-    ]
+    first = allocs[0].node
+    # (one replica, the common case, without building the set of nodes)
+    nodes = [first] if len(allocs) == 1 else list(dict.fromkeys(a.node for a in allocs))
+    capacity = cp.capacity
+    model = capacity.info(first).gpu_model
+    where = ", ".join(nodes[:8]) if len(nodes) > 1 else first
+    if len(nodes) > 8:
+        where += f" (+{len(nodes) - 8} more)"
+    why = [f"placed {shape_text(shape, w.spec.replicas, model)} on {where}"]
     s = slack(w, now)
-    order_why = f"rank {rank + 1}/{n} by {ordering.name} (priority {w.priority}"
     if s != INF:
-        order_why += f", slack {format_duration(s)}"
-    why.append(order_why + ")")
+        why.append(f"rank {rank + 1}/{n} by {ordering.name} (priority {w.priority},"
+                   f" slack {format_duration(s)})")
+    else:
+        why.append(f"rank {rank + 1}/{n} by {ordering.name} (priority {w.priority})")
     explain = getattr(ordering, "explain", None)
     if explain is not None:
         why.append(f"ranked by {explain(w, now)}")
     if shape.gpu:
-        left = cp.capacity.whole_free_gpus(nodes[0]) - (
-            sum(len(a.devices) for a in allocs if a.node == nodes[0])
-            if shape.gpu >= FULL
-            else 0
-        )
-        why.append(
-            f"{placement_name}: leaves {max(0, left)} whole GPU(s) free on {nodes[0]}"
-        )
+        left = capacity.whole_free_gpus(first)
+        if shape.gpu >= FULL:
+            left -= sum(len(a.devices) for a in allocs if a.node == first)
+        why.append(f"{placement_name}: leaves {left if left > 0 else 0} whole GPU(s) free on {first}")
     if borrowing:
         why.append(f"borrows idle quota from cohort {cp.queues[w.queue].cohort}")
     if reservation is not None:
@@ -74,12 +74,12 @@ def place_record(
     if w.attempt:
         why.append(f"attempt {w.attempt + 1}, resumes from {w.work_done:.0f}s of saved work")
     return DecisionRecord(
-        kind="place",
-        workload=w.id,
-        policy=f"{scheduler_name}/{placement_name}",
-        chosen=",".join(nodes),
-        reasons=tuple(why),
-        candidates=tuple(cp.capacity.info(x).gpu_model or "cpu" for x in nodes[:1]),
-        inputs_digest=digest(cp.version, w.id, shape, rank),
-        cause_id=cause_id,
+        "place",
+        w.id,
+        f"{scheduler_name}/{placement_name}",
+        ",".join(nodes) if len(nodes) > 1 else first,
+        tuple(why),
+        (model or "cpu",),
+        digest(cp.version, w.id, shape, rank),
+        cause_id,
     )

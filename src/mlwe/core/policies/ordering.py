@@ -211,13 +211,10 @@ class SizeAware:
     def explain(self, w: Workload, now: float) -> str:
         """Which rule ranked ``w`` and on what estimate (for decision records)."""
         e = self._entry(w, now)
-        k = self.key(w, now)
-        if k[1] == 0:
-            return f"feasible deadline, slack {format_duration(e[2] - now)}"
-        rule = {
-            "gittins": "Gittins index of learned run times",
-            "estimate": "the user's estimate (no history)",
-        }.get(e[4], "least attained service (no history)")
+        latest = e[2]
+        if latest < INF and 0.0 <= latest - now < e[5]:  # (what key() ranks as urgent)
+            return f"feasible deadline, slack {format_duration(latest - now)}"
+        rule = _RULE_TEXT.get(e[4], "least attained service (no history)")
         text = f"{rule}, virtual start t={e[3]:.0f}"
         est = self.estimator.estimate(w, e[0])
         if est is not None and hasattr(est, "describe"):
@@ -406,6 +403,11 @@ def _unchanged(k: _Kept | None, w: Workload) -> bool:
     )
 
 
+#: what a decision record says of the rule that ranked a workload (:meth:`SizeAware.explain`)
+_RULE_TEXT = {
+    "gittins": "Gittins index of learned run times",
+    "estimate": "the user's estimate (no history)",
+}
 _FIRST = itemgetter(0)  # a (key, workload) pair's key
 _SECOND = itemgetter(1)  # and its workload
 
