@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mlwe.core import ControlPlane, Exited, NodeStatus, Resources
+from mlwe.core import ControlPlane, Exited, NodeStatus, Resources, WorkloadSpec
 from mlwe.core.actions import PreemptReason
 from mlwe.core.capacity import CapacityIndex, NodeInfo, Shape
 from mlwe.core.gain import (
@@ -414,6 +414,41 @@ def test_equal_shapes_are_one_object_with_the_hash_of_their_fields() -> None:
     back = pickle.loads(pickle.dumps(sa))
     assert back == sa and hash(back) == hash(fields)
     object.__setattr__(sa, "_hash", hash(fields))
+
+
+def test_a_shape_found_by_its_fields_is_the_one_built_from_the_spec() -> None:
+    """shape_of looks a shape up by its fields before building one: what it finds
+    must be the shape the spec makes, field for field (selector order and gang
+    included), and one object per distinct shape."""
+
+    def built(spec: WorkloadSpec, models: tuple[str, ...]) -> Shape:
+        r, g = spec.resources, spec.gang
+        return Shape(
+            r.gpu, r.cpu, r.memory, r.vram, models if r.gpu else (),
+            tuple(sorted(spec.node_selector.items())),
+            (g.tasks_per_node or 0) if g is not None else 0,
+            (g.max_replicas_per_node or 0) if g is not None else 0,
+            g.placement.value if g is not None else "",
+        )
+
+    specs = [
+        gpu_job("plain", gpu=2),
+        gpu_job("cpu", gpu=0),
+        gpu_job("sel1", gpu=2, node_selector={"zone": "b", "rack": "1"}),
+        gpu_job("sel2", gpu=2, node_selector={"rack": "1", "zone": "b"}),
+        gpu_job("gang", gpu=8, replicas=4, gang={"tasks_per_node": 2}),
+        gpu_job("gang2", gpu=8, replicas=4, gang={"max_replicas_per_node": 2,
+                                                  "placement": "spread"}),
+    ]
+    for models in [("T4",), ("T4", "A100")]:
+        for spec in specs:
+            for _ in range(2):  # built, then found
+                got = shape_of(spec, models)
+                want = built(spec, models)
+                assert got == want and hash(got) == hash(want) and repr(got) == repr(want)
+    assert shape_of(specs[2], ("T4",)) is shape_of(specs[3], ("T4",))
+    assert shape_of(specs[1], ("T4",)) is shape_of(specs[1], ("A100",))  # no GPU: no models
+    assert shape_of(specs[0], ("T4",)) is not shape_of(specs[0], ("T4", "A100"))
 
 
 def _evicting_cluster(later: bool) -> tuple[ControlPlane, Any]:

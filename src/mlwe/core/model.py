@@ -168,22 +168,29 @@ class Queue:
 #: one instance per distinct shape: equal shapes are then the same object, so the
 #: cycle's memo tables compare them by identity
 _SHAPES: dict[Shape, Shape] = {}
+#: the interned shape per tuple of its fields (what :func:`shape_of` looks up first)
+_SHAPE_OF: dict[tuple[object, ...], Shape] = {}
 
 
 def shape_of(spec: WorkloadSpec, models: tuple[str, ...]) -> Shape:
     r = spec.resources
     g = spec.gang
-    s = Shape(
-        per_node=(g.tasks_per_node or 0) if g is not None else 0,
-        max_per_node=(g.max_replicas_per_node or 0) if g is not None else 0,
-        gang_placement=g.placement.value if g is not None else "",
-        gpu=r.gpu,
-        cpu=r.cpu,
-        ram=r.memory,
-        vram=r.vram,
-        models=models if r.gpu else (),
-        selector=tuple(sorted(spec.node_selector.items())),
+    sel = spec.node_selector
+    # the fields in Shape's order: a shape seen before is found without building
+    # one (a frozen dataclass, hashed at birth) only to be thrown away for its twin
+    fields = (
+        r.gpu, r.cpu, r.memory, r.vram, models if r.gpu else (),
+        tuple(sorted(sel.items())) if sel else (),
+        (g.tasks_per_node or 0) if g is not None else 0,
+        (g.max_replicas_per_node or 0) if g is not None else 0,
+        g.placement.value if g is not None else "",
     )
+    got = _SHAPE_OF.get(fields)
+    if got is not None:
+        return got
+    s = Shape(*fields)
     if len(_SHAPES) > 100_000:
         _SHAPES.clear()
-    return _SHAPES.setdefault(s, s)
+        _SHAPE_OF.clear()
+    got = _SHAPE_OF[fields] = _SHAPES.setdefault(s, s)
+    return got
