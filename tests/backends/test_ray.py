@@ -199,7 +199,9 @@ def test_gpu_models_devices_and_environment_follow_the_placement(
     assert driver.rec.rejected == []
 
 
-def test_gang_starts_whole_or_not_at_all(driver: Driver, tmp_path: Path) -> None:
+def test_gang_starts_whole_or_not_at_all(
+    driver: Driver, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     import ray
 
     # something outside mlwe holds n1's GPUs on Ray: the gang's n1 bundle cannot be reserved.
@@ -207,43 +209,41 @@ def test_gang_starts_whole_or_not_at_all(driver: Driver, tmp_path: Path) -> None
     # minutes to start (60 s ran out once with both cores busy). The holder is killed
     # whatever happens: left alive, it keeps n1's GPUs from every later test of the module
     holder = ray.remote(num_gpus=2, resources={"mlwe_node:n1": 1})(_Holder).remote()
-    try:
-        ray.get(holder.ping.remote(), timeout=300)
-        # each replica waits at 30 % of its work until released, so that both surely run at
-        # once when the test looks, however late either starts on a loaded machine
-        gate = tmp_path / "release-gang"
-        driver.submit(_spec("gang", [*SYNTH, "--work", "1", "--hold-at", "0.3",
-                                     "--hold-file", str(gate)], replicas=2,
-                            resources={"gpu": 2, "cpu": 1}))
-        driver.run_until(lambda: driver.state("gang") is State.STARTING, what="gang to be started")
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 1.0:
-            driver.step()
-            time.sleep(0.05)
-        # neither replica runs, not even the one whose node (n0) is free
-        assert driver.state("gang") is State.STARTING
-        assert [f for f in driver.facts("gang") if isinstance(f, Started)] == []
-        assert _named(driver.prefix) == []
-        info = driver.backend.attempt_info("gang", 1)
-        assert info is not None and info["phase"] == "placing"
-        ray.kill(holder)
+    request.addfinalizer(lambda: ray.kill(holder))
+    ray.get(holder.ping.remote(), timeout=300)
+    # each replica waits at 30 % of its work until released, so that both surely run at
+    # once when the test looks, however late either starts on a loaded machine
+    gate = tmp_path / "release-gang"
+    driver.submit(_spec("gang", [*SYNTH, "--work", "1", "--hold-at", "0.3",
+                                 "--hold-file", str(gate)], replicas=2,
+                        resources={"gpu": 2, "cpu": 1}))
+    driver.run_until(lambda: driver.state("gang") is State.STARTING, what="gang to be started")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.0:
+        driver.step()
+        time.sleep(0.05)
+    # neither replica runs, not even the one whose node (n0) is free
+    assert driver.state("gang") is State.STARTING
+    assert [f for f in driver.facts("gang") if isinstance(f, Started)] == []
+    assert _named(driver.prefix) == []
+    info = driver.backend.attempt_info("gang", 1)
+    assert info is not None and info["phase"] == "placing"
+    ray.kill(holder)
 
-        def both_alive() -> bool:
-            info = driver.backend.attempt_info("gang", 1)
-            pids = [r["pid"] for r in info["replicas"]] if info else []
-            return len(pids) == 2 and all(p and _alive(p) for p in pids)
-
-        # both replicas' programs run at once (each holds at its barrier until the gate opens)
-        driver.run_until(both_alive, what="both replicas' programs to run at once")
-        assert driver.state("gang") is not State.SUCCEEDED
-        gate.touch()
-        driver.run_until(lambda: driver.state("gang") is State.SUCCEEDED, what="the gang to finish")
+    def both_alive() -> bool:
         info = driver.backend.attempt_info("gang", 1)
-        assert info is not None
-        assert sorted(r["node"] for r in info["replicas"]) == ["n0", "n1"]
-        assert {r["ray_node_id"] for r in info["replicas"]} == {_ray_node_of("n0"), _ray_node_of("n1")}
-    finally:
-        ray.kill(holder)
+        pids = [r["pid"] for r in info["replicas"]] if info else []
+        return len(pids) == 2 and all(p and _alive(p) for p in pids)
+
+    # both replicas' programs run at once (each holds at its barrier until the gate opens)
+    driver.run_until(both_alive, what="both replicas' programs to run at once")
+    assert driver.state("gang") is not State.SUCCEEDED
+    gate.touch()
+    driver.run_until(lambda: driver.state("gang") is State.SUCCEEDED, what="the gang to finish")
+    info = driver.backend.attempt_info("gang", 1)
+    assert info is not None
+    assert sorted(r["node"] for r in info["replicas"]) == ["n0", "n1"]
+    assert {r["ray_node_id"] for r in info["replicas"]} == {_ray_node_of("n0"), _ray_node_of("n1")}
 
 
 class _Holder:
